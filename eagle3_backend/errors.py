@@ -1,0 +1,31 @@
+"""Exceptions raised by eagle3_backend.
+
+Every error message names what was wrong, the value found, what was expected
+and how to fix it, so that it can be shown to a user without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class Eagle3Error(Exception):
+    """Base class of every error this package raises on bad input."""
+
+
+class LayoutError(Eagle3Error, ValueError):
+    """A layout string or engine id list cannot be parsed or translated."""
+
+
+class LayoutMismatch(Eagle3Error, ValueError):
+    """Two layouts (or a layout and a weight shape) disagree."""
+
+
+class CheckpointError(Eagle3Error, ValueError):
+    """A draft checkpoint is malformed, incomplete or inconsistent."""
+
+
+class TargetError(Eagle3Error, ValueError):
+    """A target model description cannot be read or is inconsistent."""
+
+
+class KernelError(Eagle3Error, ValueError):
+    """Bad input to a kernel op (eagle3_backend.ops), or an unavailable backend."""
