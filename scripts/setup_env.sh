@@ -35,7 +35,8 @@ BASE_SP=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["
 if [ ! -f .venv/.eagle3-base ] || [ "$(cat .venv/.eagle3-base)" != "$BASE" ]; then
     echo "[setup] creating .venv layered on the base environment"
     rm -rf .venv
-    "$PY" -m venv .venv
+    # No pip/setuptools of its own: the base's (newer) ones are found via the .pth.
+    "$PY" -m venv --without-pip .venv
     SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "import site; site.addsitedir('$BASE_SP')" > "$SP/_eagle3_base.pth"
     echo "$BASE" > .venv/.eagle3-base
