@@ -29,3 +29,7 @@ class TargetError(Eagle3Error, ValueError):
 
 class KernelError(Eagle3Error, ValueError):
     """Bad input to a kernel op (eagle3_backend.ops), or an unavailable backend."""
+
+
+class ServingError(Eagle3Error, ValueError):
+    """SGLang cannot serve this target/draft pair safely (eagle3_backend.serving)."""

@@ -1,0 +1,233 @@
+"""Reading and writing the files of a draft checkpoint directory.
+
+Safetensors only by default: pickle files (``.bin``/``.pt``/``.pth``) can run
+arbitrary code when loaded, so they are refused unless the caller passes
+``allow_pickle=True``, and then read with ``torch.load(weights_only=True)``.
+Writes go to a temporary directory next to the destination that is renamed
+into place at the end, so a failure never leaves a half-written checkpoint
+or destroys an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from eagle3_backend.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def checkpoint_dir(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint directory for ``path`` (a directory or its config.json)."""
+    p = Path(path)
+    if p.is_file() and p.name == CONFIG_NAME:
+        return p.parent
+    if not p.exists():
+        raise CheckpointError(
+            f"checkpoint {str(p)!r} does not exist; expected a draft checkpoint directory "
+            f"holding config.json and model.safetensors. Check the path."
+        )
+    if not p.is_dir():
+        raise CheckpointError(
+            f"checkpoint {str(p)!r} is a file; expected the draft checkpoint directory "
+            f"(config.json + model.safetensors). Pass the directory that holds it."
+        )
+    return p
+
+
+def read_config(ckpt: Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a checkpoint directory (a JSON object)."""
+    path = ckpt / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"{ckpt}: no config.json; expected the draft's HF-style config.json next to its "
+            f"weights. Copy it from the training run's output directory."
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc}). Check the file's permissions.") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(
+            f"{path}: is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            f"expected the draft's config.json object. Fix or regenerate the file."
+        ) from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(
+            f"{path}: top level is a JSON {type(raw).__name__}; expected an object "
+            f"{{\"architectures\": [...], \"hidden_size\": ...}}. Regenerate the file."
+        )
+    return raw
+
+
+def _safetensors_files(ckpt: Path) -> list[Path]:
+    index = ckpt / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"{index}: cannot read its 'weight_map' ({type(exc).__name__}: {exc}); expected "
+                f"{{\"weight_map\": {{tensor: file}}}}. Regenerate the index or remove it."
+            ) from None
+        missing = [n for n in names if not (ckpt / n).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index}: names shard(s) {missing} that are not in {ckpt}. Copy the missing "
+                f"shards next to the index."
+            )
+        return [ckpt / n for n in names]
+    return sorted(ckpt.glob("*.safetensors"))
+
+
+def _pickle_files(ckpt: Path) -> list[Path]:
+    return sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
+
+
+def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """All tensors of the checkpoint (name -> CPU tensor) and the files they came from."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = _safetensors_files(ckpt)
+    tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+
+    def add(name: str, tensor: Any, path: Path) -> None:
+        if name in tensors:
+            raise CheckpointError(
+                f"{ckpt}: tensor {name!r} is stored twice ({origin[name].name} and {path.name}); "
+                f"expected each tensor once. Remove the stale file."
+            )
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(
+                f"{path}: entry {name!r} is a {type(tensor).__name__}, not a tensor; expected a "
+                f"flat state dict of tensors. Re-export the draft's state_dict()."
+            )
+        tensors[name], origin[name] = tensor, path
+
+    if files:
+        for path in files:
+            try:
+                loaded = load_file(str(path), device="cpu")
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise CheckpointError(
+                    f"{path}: not a readable safetensors file ({exc}); re-copy or re-export it."
+                ) from None
+            for name, tensor in loaded.items():
+                add(name, tensor, path)
+        return tensors, [p.name for p in files]
+
+    pickles = _pickle_files(ckpt)
+    if not pickles:
+        raise CheckpointError(
+            f"{ckpt}: no weights found; expected model.safetensors (or sharded *.safetensors). "
+            f"Copy the weights next to config.json."
+        )
+    names = ", ".join(p.name for p in pickles)
+    if not allow_pickle:
+        raise CheckpointError(
+            f"{ckpt}: weights are in pickle file(s) {names}, which can run arbitrary code when "
+            f"loaded, so they are refused; expected model.safetensors. If you trust the file, "
+            f"pass --allow-pickle (it is then read with torch.load(weights_only=True)), e.g. "
+            f"`eagle3 convert {ckpt} OUT --to sglang --allow-pickle` to get a safetensors copy."
+        )
+    for path in pickles:
+        logger.warning("loading pickle file %s with torch.load(weights_only=True)", path)
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # UnpicklingError, RuntimeError, EOFError ...
+            raise CheckpointError(
+                f"{path}: torch.load(weights_only=True) failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); expected a plain state dict "
+                f"of tensors. Re-export it with torch.save(model.state_dict()) or as safetensors."
+            ) from None
+        if isinstance(obj, Mapping) and len(obj) == 1:
+            (only,) = obj.values()
+            if isinstance(only, Mapping) and next(iter(obj)) in ("state_dict", "model", "module"):
+                obj = only
+        if not isinstance(obj, Mapping):
+            raise CheckpointError(
+                f"{path}: holds a {type(obj).__name__}; expected a state dict (name -> tensor). "
+                f"Re-export it with torch.save(model.state_dict())."
+            )
+        for name, tensor in obj.items():
+            add(str(name), tensor, path)
+    return tensors, [p.name for p in pickles]
+
+
+# ----------------------------------------------------------------------------- writing
+def _check_destination(dst: Path, force: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise CheckpointError(
+            f"destination {str(dst)!r} is a file; expected a new or empty directory. "
+            f"Choose another output path."
+        )
+    if dst.is_dir() and any(dst.iterdir()) and not force:
+        raise CheckpointError(
+            f"destination {str(dst)!r} is not empty; refusing to overwrite it. Choose a new "
+            f"directory or pass --force to replace its contents."
+        )
+
+
+def write_checkpoint(dst: str | os.PathLike[str], config: Mapping[str, Any],
+                     tensors: Mapping[str, torch.Tensor], force: bool = False) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` into ``dst`` atomically."""
+    from safetensors.torch import save_file
+
+    dst = Path(dst).absolute()
+    _check_destination(dst, force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        # safetensors refuses shared or non-contiguous storage: give each tensor its own.
+        flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+        save_file(flat, str(tmp / SAFETENSORS_NAME), metadata={"format": "pt"})
+        _default_permissions(tmp)
+        _replace_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("wrote %s (%d tensors)", dst, len(tensors))
+    return dst
+
+
+def _default_permissions(tmp: Path) -> None:
+    """mkdtemp makes the directory private (0700); give it the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+
+
+def _replace_dir(tmp: Path, dst: Path) -> None:
+    """Move ``tmp`` to ``dst``; an existing ``dst`` is kept until the move succeeded."""
+    if not dst.exists():
+        os.rename(tmp, dst)
+        return
+    backup = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+    backup.rmdir()
+    os.rename(dst, backup)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        os.rename(backup, dst)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+

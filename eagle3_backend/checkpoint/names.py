@@ -1,0 +1,65 @@
+"""Tensor names of each checkpoint format, mapped to this package's (= SGLang's).
+
+=====================  ==============================  ==========================
+ours / SGLang          also read as                    speculators writes
+=====================  ==============================  ==========================
+``midlayer.X``         ``layers.0.X``, ``model.`` pre  ``layers.0.X``
+``fc_norm.{0,1,2}``    ``aux_norm_{low,mid,high}``     (not supported)
+``fc``, ``norm``, ``lm_head``, ``embed_tokens``, ``input_norm``, ``d2t``, ``t2d``: same
+=====================  ==============================  ==========================
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from eagle3_backend.errors import CheckpointError
+
+#: speculators training-only tensors (frozen copies of the verifier's head); never
+#: used at inference, dropped on load with a warning.
+TRAINING_ONLY = frozenset({"verifier_lm_head.weight", "verifier_norm.weight"})
+
+_LEGACY = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
+
+
+def canonical_name(name: str) -> str:
+    """The package's name for a tensor name found in any supported format."""
+    if name.startswith("model."):
+        name = name[len("model."):]
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    for old, new in _LEGACY.items():
+        if name.startswith(old):
+            name = new + name[len(old):]
+    return name
+
+
+def to_canonical(tensors: Mapping[str, torch.Tensor], where: str
+                 ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Rename every tensor; returns (renamed, notes). Two names for one tensor is an error."""
+    out: dict[str, torch.Tensor] = {}
+    first: dict[str, str] = {}
+    notes: list[str] = []
+    dropped = sorted(n for n in tensors if n in TRAINING_ONLY)
+    if dropped:
+        notes.append(f"dropped training-only tensors {dropped} (speculators' frozen verifier "
+                     f"head; not used for drafting)")
+    for name, tensor in tensors.items():
+        if name in TRAINING_ONLY:
+            continue
+        new = canonical_name(name)
+        if new in out:
+            raise CheckpointError(
+                f"{where}: tensors {first[new]!r} and {name!r} are both {new!r}; expected one. "
+                f"Remove the duplicate from the checkpoint."
+            )
+        out[new], first[new] = tensor, name
+    return out, notes
+
+
+def to_speculators_name(name: str) -> str:
+    if name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    return name

@@ -1,0 +1,360 @@
+"""Detect a draft checkpoint's format and read it into a :class:`LoadedDraft`.
+
+Layout precedence (DESIGN.md, "The bug class"):
+
+1. ``explicit``: this package's ``eagle3_layout`` key in config.json;
+2. ``engine-ids``: the engine's layer ids, translated by :mod:`eagle3_backend.layout`
+   (SGLang ids need the target architecture: recorded ``eagle3_target``, else the
+   ``target`` given to :func:`load_draft`);
+3. ``assumed-default``: the engine's default for the target's layer count, always
+   reported as an assumption in ``warnings``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from eagle3_backend.checkpoint.checks import check_tensors
+from eagle3_backend.checkpoint.config_fields import (
+    Fields,
+    build_draft_config,
+    config_dtype,
+    tensor_dtype,
+)
+from eagle3_backend.checkpoint.files import checkpoint_dir, read_config, read_tensors
+from eagle3_backend.checkpoint.loaded import LoadedDraft
+from eagle3_backend.checkpoint.names import to_canonical
+from eagle3_backend.errors import CheckpointError, LayoutError
+from eagle3_backend.layout import Layout, sglang_id_rule
+from eagle3_backend.target import TargetInfo
+
+logger = logging.getLogger(__name__)
+
+SGLANG_DRAFT_ARCHS = ("LlamaForCausalLMEagle3",)
+SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
+#: SGLang EAGLE-3 drafts of another architecture than this package implements.
+UNSUPPORTED_DRAFT_ARCHS = ("Eagle3DeepseekV2ForCausalLM",)
+ID_CONVENTIONS = ("sglang", "specforge")
+
+
+def detect_format(raw: Mapping[str, Any], where: str) -> str:
+    """'sglang', 'speculators' or 'eagle-repo' from a draft config.json."""
+    archs = raw.get("architectures") or []
+    if not isinstance(archs, list):
+        archs = [archs]
+    spec_type = raw.get("speculators_model_type")
+    if spec_type is not None or any(a in SPECULATORS_ARCHS for a in archs):
+        if spec_type != "eagle3":
+            raise CheckpointError(
+                f"{where}: speculators_model_type is {spec_type!r}; expected 'eagle3'. Only "
+                f"EAGLE-3 drafts are supported (EAGLE-1/HASS drafts have no fc over target layers)."
+            )
+        return "speculators"
+    if any(a in UNSUPPORTED_DRAFT_ARCHS for a in archs):
+        raise CheckpointError(
+            f"{where}: architectures {archs} is an MLA-attention EAGLE-3 draft; expected "
+            f"{list(SGLANG_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
+            f"implements. Serve this draft with stock SGLang."
+        )
+    if any(a in SGLANG_DRAFT_ARCHS for a in archs) or isinstance(raw.get("eagle_config"), dict):
+        return "sglang"
+    if "LlamaForCausalLM" in archs and raw.get("num_hidden_layers", 1) == 1:
+        return "eagle-repo"
+    raise CheckpointError(
+        f"{where}: architectures {archs!r} is not an EAGLE-3 draft; expected "
+        f"['LlamaForCausalLMEagle3'] (SGLang/SpecForge), ['Eagle3Speculator'] with "
+        f"speculators_model_type 'eagle3' (speculators), or a one-layer ['LlamaForCausalLM'] "
+        f"with draft_vocab_size (EAGLE repo). Point at the draft checkpoint, not the target."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    layout: Layout
+    source: str
+    explanation: str
+    warnings: tuple[str, ...] = ()
+
+
+def _recorded_target(f: Fields) -> tuple[str | None, int | None]:
+    rec = f.dict("eagle3_target")
+    if rec is None:
+        return None, None
+    sub = Fields(rec, f.where, "eagle3_target.")
+    return sub.str("architecture"), sub.int("num_hidden_layers", None)
+
+
+def _explicit(f: Fields) -> Layout | None:
+    value = f.raw.get("eagle3_layout")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(
+            f"{f.where}: field 'eagle3_layout' is {value!r}; expected a list of canonical "
+            f"sources such as [\"embed\", \"layer_input:3\"]. Fix config.json."
+        )
+    try:
+        return Layout.parse(value)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: field 'eagle3_layout': {exc}") from None
+
+
+def _need_layers(where: str, what: str, num_layers: int | None) -> int:
+    if num_layers is None:
+        raise CheckpointError(
+            f"{where}: {what}; its layout is the engine default for the target's layer count, "
+            f"which the checkpoint does not record (no 'eagle3_target'). Pass the target with "
+            f"--target (HF config.json, model dir or GGUF) so the assumed layout can be computed "
+            f"and reported, or add \"eagle3_layout\" to config.json."
+        )
+    return num_layers
+
+
+def _resolve_sglang(f: Fields, arch: str | None, num_layers: int | None,
+                    ids_as: str) -> _Resolved:
+    eagle = f.dict("eagle_config") or {}
+    ids = Fields(eagle, f.where, "eagle_config.").int_list("eagle_aux_hidden_state_layer_ids")
+    if ids is None and f.raw.get("eagle_aux_hidden_state_layer_ids") is not None:
+        raise CheckpointError(
+            f"{f.where}: has a top-level 'eagle_aux_hidden_state_layer_ids' "
+            f"{f.raw['eagle_aux_hidden_state_layer_ids']!r} but no "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids; SGLang 0.5.23 reads only the nested "
+            f"ids and would silently capture its default layers. Move the ids into "
+            f"\"eagle_config\" (or add \"eagle3_layout\")."
+        )
+    if ids is None:
+        L = _need_layers(f.where, "records no layer ids (eagle_config.eagle_aux_hidden_state_"
+                         "layer_ids)", num_layers)
+        layout = Layout.engine_default("sglang", L)
+        msg = (f"no layer ids recorded: assumed SGLang's default for a {L}-layer target, "
+               f"inputs of layers 2, L//2, L-3 = {layout}; right only if the draft was trained "
+               f"with the default")
+        return _Resolved(layout, "assumed-default", msg, (msg,))
+
+    specforge = Layout.from_specforge_ids(ids)
+    if ids_as == "specforge":
+        return _Resolved(specforge, "engine-ids",
+                         f"eagle_config ids {ids} read as SpecForge ids (output of layer k, list "
+                         f"order, as --ids-as specforge asked) = {specforge}")
+    notes: list[str] = []
+    if arch is None:
+        # The llama/qwen rule (+1) is also SpecForge's meaning for ascending ids.
+        rule_arch, how = "llama", ("target architecture unknown (no eagle3_target, no --target):"
+                                   " read with SGLang's llama/qwen rule (id k = output of layer "
+                                   "k)")
+        if ids[0] != 1:
+            notes.append(f"eagle_config ids {ids} would mean a different layout on DeepSeek/"
+                         f"Kimi targets (SGLang's deepseek_v2 rule adds +1 only when ids[0] == 1);"
+                         f" pass --target to read them for the real target")
+    else:
+        rule_arch, how = arch, f"read as SGLang 0.5.23 ids for {arch}"
+    try:
+        sglang_id_rule(rule_arch)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: {exc}") from None
+    L = num_layers if num_layers is not None else max(ids) + 2  # range checked by validate
+    if sglang_id_rule(rule_arch) == "gpt_oss" and num_layers is None:
+        L = _need_layers(f.where, f"eagle_config ids {ids} on gpt-oss depend on the layer count",
+                         num_layers)
+    try:
+        layout = Layout.from_sglang_ids(ids, rule_arch, L)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: eagle_config.eagle_aux_hidden_state_layer_ids: {exc}"
+                              ) from None
+    if ids != sorted(ids):
+        notes.append(f"eagle_config ids {ids} are not ascending: SGLang concatenates captured "
+                     f"states in layer order ({layout}), SpecForge trains in list order "
+                     f"({specforge}); if the draft was trained by SpecForge, re-read it with "
+                     f"--ids-as specforge")
+    elif layout != specforge:
+        notes.append(f"eagle_config ids {ids} mean {layout} to SGLang on "
+                     f"{arch or 'this target'} but {specforge} to SpecForge (output of layer k); "
+                     f"if SpecForge trained the draft, re-read it with --ids-as specforge")
+    return _Resolved(layout, "engine-ids", f"eagle_config ids {ids} {how} = {layout}",
+                     tuple(notes))
+
+
+def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
+    ids = f.int_list("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        L = _need_layers(f.where, "records eagle_aux_hidden_state_layer_ids null (speculators' "
+                         "own converter drops them)", num_layers)
+        layout = Layout.engine_default("speculators", L)
+        msg = (f"eagle_aux_hidden_state_layer_ids is null: assumed the speculators/vLLM default "
+               f"for a {L}-layer target, inputs of layers 2, L//2, L-3 = {layout}; right only "
+               f"if the draft was trained with the default")
+        return _Resolved(layout, "assumed-default", msg, (msg,))
+    try:
+        layout = Layout.from_speculators_ids(ids)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: eagle_aux_hidden_state_layer_ids: {exc}") from None
+    notes = []
+    if ids != sorted(ids):
+        notes.append(f"speculators ids {ids} are not ascending: vLLM concatenates in layer order,"
+                     f" the speculators trainer in list order; read in list order ({layout})")
+    return _Resolved(layout, "engine-ids",
+                     f"top-level ids {ids} read as speculators/vLLM ids (input of layer k) = "
+                     f"{layout}", tuple(notes))
+
+
+def _resolve_eagle_repo(f: Fields, num_layers: int | None) -> _Resolved:
+    L = _need_layers(f.where, "is an EAGLE-repo checkpoint, which records no layer ids",
+                     num_layers)
+    layout = Layout.engine_default("eagle", L)
+    msg = (f"EAGLE-repo checkpoint: no layer ids recorded; assumed the EAGLE repo's hard-coded "
+           f"inputs of layers 2, L//2, L-3 for a {L}-layer target = {layout}")
+    return _Resolved(layout, "assumed-default", msg, (msg,))
+
+
+def load_draft(
+    path: str | os.PathLike[str],
+    target: TargetInfo | None = None,
+    *,
+    allow_pickle: bool = False,
+    strict: bool = True,
+    ids_as: str = "sglang",
+) -> LoadedDraft:
+    """Read any supported draft checkpoint directory.
+
+    ``target`` supplies the architecture and layer count a checkpoint does not
+    record. ``ids_as`` ("sglang" or "specforge") says how to read SGLang-format
+    ``eagle_config`` ids (they coincide for llama/qwen targets with ascending ids).
+    With ``strict`` (the default) any problem with the tensors raises
+    :class:`CheckpointError` listing all of them; otherwise they are returned in
+    ``LoadedDraft.problems``.
+    """
+    if ids_as not in ID_CONVENTIONS:
+        raise CheckpointError(f"ids_as {ids_as!r} is not one of {ID_CONVENTIONS}.")
+    ckpt = checkpoint_dir(path)
+    where = str(ckpt / "config.json")
+    raw = read_config(ckpt)
+    fmt = detect_format(raw, where)
+    top = Fields(raw, where)
+    tensors_raw, files = read_tensors(ckpt, allow_pickle=allow_pickle)
+    weights_where = f"{ckpt}/{files[0]}" if len(files) == 1 else f"{ckpt} ({', '.join(files)})"
+    tensors, notes = to_canonical(tensors_raw, weights_where)
+    warnings: list[str] = list(notes)
+
+    rec_arch, rec_layers = _recorded_target(top)
+    if fmt == "speculators":
+        verifier = Fields(top.dict("speculators_config") or {}, where, "speculators_config.")
+        v_archs = Fields(verifier.dict("verifier") or {}, where,
+                         "speculators_config.verifier.").str_list("architectures")
+        rec_arch = rec_arch or (v_archs[0] if v_archs else None)
+    arch = rec_arch or (target.architecture if target else None)
+    num_layers = rec_layers or (target.num_hidden_layers if target else None)
+
+    explicit = _explicit(top)
+    sglang_ids = None
+    if fmt == "sglang":
+        eagle = top.dict("eagle_config") or {}
+        ids = Fields(eagle, where, "eagle_config.").int_list("eagle_aux_hidden_state_layer_ids")
+        sglang_ids = tuple(ids) if ids is not None else None
+    if explicit is not None:
+        resolved = _Resolved(explicit, "explicit", f"config.json eagle3_layout = {explicit}")
+    elif fmt == "sglang":
+        resolved = _resolve_sglang(top, arch, num_layers, ids_as)
+    elif fmt == "speculators":
+        resolved = _resolve_speculators(top, num_layers)
+    else:
+        resolved = _resolve_eagle_repo(top, num_layers)
+    warnings += resolved.warnings
+
+    dtype, dnotes = tensor_dtype(tensors, weights_where)
+    declared, cnotes = config_dtype(raw, where)
+    warnings += dnotes + cnotes
+    if declared is not None and declared != dtype:
+        warnings.append(f"{where}: config declares dtype {declared} but the weights are {dtype}; "
+                        f"the weights' dtype is kept")
+
+    arch_fields = top
+    if fmt == "speculators":
+        tl = top.dict("transformer_layer_config")
+        if tl is None:
+            raise CheckpointError(
+                f"{where}: speculators config has no 'transformer_layer_config'; expected the "
+                f"draft layer's Llama config there. Re-export the draft with speculators."
+            )
+        arch_fields = Fields(tl, where, "transformer_layer_config.")
+        if "norm_before_residual" not in raw:
+            warnings.append(f"{where}: norm_before_residual is not recorded; read as false "
+                            f"(speculators' default; vLLM assumes true when it is missing)")
+    config = build_draft_config(
+        arch=arch_fields, flags=top,
+        eagle_config=top.dict("eagle_config") if fmt == "sglang" else None,
+        layout=resolved.layout, has_embed_tokens="embed_tokens.weight" in tensors,
+        dtype=dtype, where=where,
+    )
+    if fmt == "sglang" and config.norm_before_residual:
+        warnings.append("norm_before_residual is true, which SGLang 0.5.23's llama_eagle3 "
+                        "ignores (it keeps the un-normed residual): stock SGLang serves a "
+                        "different model; serve it through the eagle3_backend plugin")
+
+    tensors, vnotes = _fill_vocab_map(config, tensors)
+    warnings += vnotes
+    problems = check_tensors(config, tensors, weights_where)
+    if explicit is not None and fmt == "sglang" and sglang_ids is not None and arch is not None:
+        problems += _ids_agree(explicit, list(sglang_ids), arch, num_layers, where)
+    if problems and strict:
+        raise CheckpointError(_join(problems))
+    for w in warnings:
+        logger.warning("%s", w)
+    return LoadedDraft(
+        path=str(ckpt), format=fmt, config=config, state_dict=tensors,
+        layout_source=resolved.source, layout_explanation=resolved.explanation,
+        target_architecture=arch, target_num_layers=num_layers, sglang_ids=sglang_ids,
+        warnings=tuple(warnings), problems=tuple(problems), raw_config=raw,
+    )
+
+
+def _fill_vocab_map(config, tensors: dict[str, torch.Tensor]
+                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Add identity d2t/t2d for a full-vocabulary draft, t2d derived from d2t if absent."""
+    notes: list[str] = []
+    Vd, V = config.draft_vocab_size, config.vocab_size
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is None and t2d is None and Vd == V:
+        tensors = dict(tensors)
+        tensors["d2t"] = torch.zeros(Vd, dtype=torch.int64)
+        tensors["t2d"] = torch.ones(V, dtype=torch.bool)
+        notes.append("no d2t/t2d: the draft vocabulary is the full target vocabulary "
+                     "(identity map added)")
+    elif d2t is not None and t2d is None and tuple(d2t.shape) == (Vd,) \
+            and not d2t.dtype.is_floating_point:
+        ids = torch.arange(Vd, dtype=torch.int64) + d2t.to(torch.int64)
+        if bool(((ids >= 0) & (ids < V)).all()):
+            tensors = dict(tensors)
+            t2d = torch.zeros(V, dtype=torch.bool)
+            t2d[ids] = True
+            tensors["t2d"] = t2d
+            notes.append("no t2d: derived from d2t (SGLang reads only d2t)")
+    return tensors, notes
+
+
+def _ids_agree(layout: Layout, ids: list[int], arch: str, num_layers: int | None,
+               where: str) -> list[str]:
+    """A stored eagle3_layout and the eagle_config ids SGLang reads must agree."""
+    L = num_layers if num_layers is not None else max(ids) + 2
+    try:
+        served = Layout.from_sglang_ids(ids, arch, L)
+    except LayoutError as exc:
+        return [f"{where}: eagle_config ids {ids} cannot be read on {arch}: {exc}"]
+    if served == layout:
+        return []
+    return [
+        f"{where}: eagle3_layout is {layout} but eagle_config ids {ids} make stock SGLang "
+        f"capture {served} on {arch} (in layer order); expected them to agree. Rewrite the "
+        f"checkpoint with `eagle3 convert SRC DST --to sglang`, which writes matching ids "
+        f"(reordering fc columns when needed)."
+    ]
+
+
+def _join(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -1,0 +1,359 @@
+"""The ``eagle3`` command: inspect, convert and validate draft checkpoints; show the environment.
+
+    eagle3 inspect CKPT [--json] [--target T]
+    eagle3 convert SRC DST --to sglang|speculators [--target T] [--allow-pickle] [--force]
+    eagle3 validate CKPT --target T          (exit 0 servable, 1 problems, 2 bad input)
+    eagle3 env [--json]
+    eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
+
+Bad input (a missing file, a malformed config.json, a refused pickle) prints one
+paragraph naming the file, the field, the value, what was expected and the fix,
+and exits 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+from importlib import metadata
+from typing import Any, Sequence
+
+from eagle3_backend.errors import Eagle3Error
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+ENV_PACKAGES = ("torch", "triton", "transformers", "sglang", "sgl-kernel", "flashinfer-python",
+                "safetensors", "gguf", "numpy")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _target(value: str | None):
+    if value is None:
+        return None
+    from eagle3_backend.target import TargetInfo
+
+    return TargetInfo.from_path(value)
+
+
+def _load(args: argparse.Namespace, strict: bool = True):
+    from eagle3_backend.checkpoint import load_draft
+
+    return load_draft(args.ckpt, target=_target(getattr(args, "target", None)),
+                      allow_pickle=args.allow_pickle, strict=strict, ids_as=args.ids_as)
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+# ----------------------------------------------------------------------------- inspect
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from eagle3_backend.checkpoint import inspect_report
+
+    loaded = _load(args)
+    rep = inspect_report(loaded)
+    if args.json:
+        _print_json(rep)
+        return EXIT_OK
+    cfg = loaded.config
+    tgt = rep["target"]
+    target_txt = (f"{tgt['architecture'] or 'unknown architecture'}, "
+                  f"{tgt['num_hidden_layers'] or '?'} layers (as recorded or given by --target)")
+    on = [k for k, v in rep["variants"].items() if v and k != "rope_scaling"]
+    if rep["variants"]["rope_scaling"]:
+        on.append("rope_scaling=llama3")
+    vocab = (f"draft {cfg.draft_vocab_size} of target {cfg.vocab_size} ids (d2t map)"
+             if rep["has_d2t"] else f"full target vocabulary {cfg.vocab_size}")
+    rows = [
+        ("checkpoint", f"{rep['path']}  ({rep['format']} format)"),
+        ("layout", str(cfg.layout)),
+        ("known from", f"{rep['layout_source']}: {rep['layout_explanation']}"),
+        ("target", target_txt),
+        ("fc", f"{len(cfg.layout)} x {cfg.target_hidden_size} = {rep['fc_in_features']} -> "
+               f"{cfg.hidden_size}"),
+        ("vocab", vocab),
+        ("embedding", "own embed_tokens" if cfg.has_embed_tokens else "taken from the target"),
+        ("dtype", f"{rep['dtype']}, {_fmt_int(rep['num_parameters'])} parameters"),
+        ("variants", ", ".join(on) or "none (plain EAGLE-3)"),
+    ]
+    if rep["sglang_ids"] is not None:
+        rows.append(("sglang ids", str(rep["sglang_ids"])))
+    for key, value in rows:
+        print(f"{key:<11} {value}")
+    for w in rep["warnings"]:
+        print(f"warning: {w}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- convert
+def cmd_convert(args: argparse.Namespace) -> int:
+    from eagle3_backend.checkpoint import load_draft, save_sglang, save_speculators
+
+    target = _target(args.target)
+    loaded = load_draft(args.src, target=target, allow_pickle=args.allow_pickle,
+                        ids_as=args.ids_as)
+    save = save_sglang if args.to == "sglang" else save_speculators
+    out = save(loaded, args.dst, target=target, force=args.force)
+    print(f"wrote {out} ({args.to} format, {loaded.dtype}, layout {loaded.layout}, "
+          f"from {loaded.format} {loaded.path}; layout {loaded.layout_source})")
+    for w in loaded.warnings:
+        print(f"warning: {w}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- validate
+def cmd_validate(args: argparse.Namespace) -> int:
+    from eagle3_backend.checkpoint import validate_against_target
+
+    target = _target(args.target)
+    loaded = _load(args, strict=False)
+    problems, notes = validate_against_target(loaded, target)
+    summary = {
+        "checkpoint": loaded.path,
+        "target": target.source,
+        "target_architecture": target.architecture,
+        "target_num_hidden_layers": target.num_hidden_layers,
+        "target_hidden_size": target.hidden_size,
+        "target_vocab_size": target.vocab_size,
+        "layout": loaded.layout.to_strings(),
+        "layout_source": loaded.layout_source,
+        "servable": not problems,
+        "problems": problems,
+        "notes": notes,
+    }
+    if args.json:
+        _print_json(summary)
+    elif problems:
+        print(f"NOT SERVABLE: {loaded.path} on {target.source} "
+              f"({target.architecture}, {target.num_hidden_layers} layers, hidden "
+              f"{target.hidden_size}, vocab {target.vocab_size}): {len(problems)} problem(s)")
+        for p in problems:
+            print(f"  - {p}")
+    else:
+        print(f"OK: {loaded.path} can be served on {target.source} ({target.architecture}, "
+              f"{target.num_hidden_layers} layers, hidden {target.hidden_size}, vocab "
+              f"{target.vocab_size}); layout {loaded.layout} ({loaded.layout_source})")
+    if not args.json:
+        for n in notes:
+            print(f"note: {n}")
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+# ----------------------------------------------------------------------------- env
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and accelerator status, without importing sglang."""
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "eagle3_backend": _version("eagle3-backend") or _package_version(),
+        "packages": {name: _version(name) for name in ENV_PACKAGES},
+    }
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        info["cuda"] = {
+            "available": cuda,
+            "torch_cuda": torch.version.cuda,
+            "devices": [
+                {"name": torch.cuda.get_device_name(i),
+                 "capability": "sm_%d%d" % torch.cuda.get_device_capability(i)}
+                for i in range(torch.cuda.device_count())
+            ] if cuda else [],
+        }
+    except Exception as exc:  # a broken torch install is exactly what `env` must show
+        info["cuda"] = {"available": False, "error": f"{type(exc).__name__}: {exc}"}
+    info["extension"], info["kernels"], info["kernels_error"] = _kernel_status()
+    return info
+
+
+def _package_version() -> str:
+    import eagle3_backend
+
+    return getattr(eagle3_backend, "__version__", "unknown")
+
+
+def _kernel_status() -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(extension status, {op: {backend, reason}}, error) from eagle3_backend.ops."""
+    try:
+        from eagle3_backend import ops
+    except Exception as exc:
+        why = f"eagle3_backend.ops does not import: {type(exc).__name__}: {exc}"
+        return {"loaded": False, "error": why}, {}, why
+    results: list[Any] = []
+    errors: list[str] = []
+    for name in ("extension_status", "describe_backends"):
+        fn = getattr(ops, name, None)
+        if fn is None:
+            results.append(None)
+            errors.append(f"eagle3_backend.ops.{name}() is not available")
+            continue
+        try:
+            results.append(fn())
+        except Exception as exc:
+            results.append(None)
+            errors.append(f"eagle3_backend.ops.{name}(): {type(exc).__name__}: {exc}")
+    ext = results[0] if isinstance(results[0], dict) else {"loaded": False,
+                                                            "error": "; ".join(errors)}
+    kernels = results[1] if isinstance(results[1], dict) else {}
+    return ext, kernels, ("; ".join(errors) or None)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    info = environment()
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    print(f"python          {info['python']} ({info['platform']})")
+    print(f"eagle3_backend  {info['eagle3_backend']}")
+    for name, version in info["packages"].items():
+        print(f"{name:<15} {version or 'not installed'}")
+    cuda = info["cuda"]
+    if cuda.get("error"):
+        print(f"cuda            unknown ({cuda['error']})")
+    elif cuda["available"]:
+        devs = ", ".join(f"{d['name']} ({d['capability']})" for d in cuda["devices"])
+        print(f"cuda            available (torch CUDA {cuda['torch_cuda']}): {devs}")
+    else:
+        print(f"cuda            not available (torch CUDA build: {cuda['torch_cuda'] or 'none'})")
+    ext = info["extension"]
+    if ext.get("loaded"):
+        print(f"extension       loaded ({ext.get('origin')})")
+    else:
+        print(f"extension       not loaded: {ext.get('error')}")
+    if info["kernels_error"]:
+        print(f"kernels         {info['kernels_error']}")
+    for op, how in info["kernels"].items():
+        if isinstance(how, dict):
+            print(f"kernel          {op:<20} {how.get('backend')}  ({how.get('reason')})")
+        else:
+            print(f"kernel          {op:<20} {how}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- demo draft
+def cmd_make_demo_draft(args: argparse.Namespace) -> int:
+    from eagle3_backend.checkpoint.demo import make_demo_draft
+
+    target = _target(args.target)
+    out, draft = make_demo_draft(args.out, target, seed=args.seed,
+                                 draft_vocab_size=args.draft_vocab_size, dtype=args.dtype,
+                                 force=args.force)
+    cfg = draft.config
+    print(f"wrote {out}: randomly initialised EAGLE-3 draft (seed {args.seed}) for "
+          f"{target.architecture} {target.source}")
+    print(f"  layout {cfg.layout} (SGLang default for {target.num_hidden_layers} layers), "
+          f"hidden {cfg.hidden_size}, fc {cfg.fc_in_features} -> {cfg.hidden_size}")
+    print(f"  draft vocab {cfg.draft_vocab_size} (target ids 0..{cfg.draft_vocab_size - 1}) of "
+          f"{cfg.vocab_size}, {cfg.dtype}, {_fmt_int(draft.num_parameters)} parameters, "
+          f"{'embedding from the target' if cfg.has_embed_tokens else 'no embedding'}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3",
+        description="EAGLE-3 draft checkpoints: inspect, convert, validate against a target.",
+    )
+    p.add_argument("--debug", action="store_true",
+                   help="show tracebacks instead of one-paragraph errors")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def ckpt_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--allow-pickle", action="store_true",
+                        help="accept .bin/.pt weights (read with torch.load(weights_only=True))")
+        sp.add_argument("--ids-as", choices=("sglang", "specforge"), default="sglang",
+                        help="how to read eagle_config layer ids when no eagle3_layout is "
+                             "recorded: SGLang's rule for the target (default) or SpecForge's "
+                             "'output of layer k, list order'")
+
+    sp = sub.add_parser("inspect", help="show a draft's format, layout, dims, vocab map, dtype")
+    sp.add_argument("ckpt", metavar="CKPT", help="draft checkpoint directory")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--target", metavar="T",
+                    help="target config.json, model dir or GGUF (for drafts that do not record it)")
+    ckpt_opts(sp)
+    sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("convert", help="rewrite a draft as an SGLang or speculators checkpoint")
+    sp.add_argument("src", metavar="SRC")
+    sp.add_argument("dst", metavar="DST", help="new or empty output directory")
+    sp.add_argument("--to", choices=("sglang", "speculators"), required=True)
+    sp.add_argument("--target", metavar="T", help="target config.json, model dir or GGUF")
+    sp.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    ckpt_opts(sp)
+    sp.set_defaults(func=cmd_convert)
+
+    sp = sub.add_parser("validate", help="check a draft can be served on a target (exit 0/1)")
+    sp.add_argument("ckpt", metavar="CKPT")
+    sp.add_argument("--target", metavar="TARGET", required=True,
+                    help="target HF config.json, model dir or GGUF file")
+    sp.add_argument("--json", action="store_true")
+    ckpt_opts(sp)
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("env", help="versions, CUDA, Triton and kernel backends")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_env)
+
+    sp = sub.add_parser("make-demo-draft",
+                        help="write a small random draft (SGLang format) for a target")
+    sp.add_argument("out", metavar="OUT")
+    sp.add_argument("--target", metavar="GGUF_OR_DIR", required=True)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--draft-vocab-size", type=int, default=8192)
+    sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    sp.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    sp.set_defaults(func=cmd_make_demo_draft)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = (logging.ERROR, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except Eagle3Error as exc:
+        if args.debug:
+            raise
+        print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        if args.debug:
+            raise
+        print(f"eagle3 {args.command}: error: {exc.strerror or exc} "
+              f"({exc.filename or 'no file name'}). Check the path, permissions and free space.",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"eagle3 {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line, traceback only with --debug
+        if args.debug:
+            raise
+        print(f"eagle3 {args.command}: internal error: {type(exc).__name__}: {exc}. This is a "
+              f"bug in eagle3_backend; rerun with --debug for the traceback and report it.",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

