@@ -1,0 +1,119 @@
+"""Plain-torch references of every op in eagle3_backend.ops: the specification.
+
+Each function here is what the Triton and CUDA kernels must reproduce bit for
+bit. They run on any device (CPU included) and take already-validated inputs;
+the public functions in ``gather_concat.py`` / ``verify_tree.py`` validate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def gather_concat_ref(
+    sources: Sequence[torch.Tensor],
+    index: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[:, k*H:(k+1)*H] = sources[k][index].to(out.dtype), for every k.
+
+    sources: K tensors [T, H]; index: [N] int32/int64 or None (all T rows);
+    out: [N, K*H] (written in place and returned).
+    """
+    hidden = sources[0].shape[1]
+    for k, src in enumerate(sources):
+        rows = src if index is None else src.index_select(0, index.long())  # [N, H]
+        out[:, k * hidden : (k + 1) * hidden].copy_(rows.to(out.dtype))
+    return out
+
+
+def capture_into_ref(
+    buffer: torch.Tensor,
+    slot: int,
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """buffer[:, slot*H:(slot+1)*H] = (hidden + residual).to(buffer.dtype).
+
+    hidden, residual: [T, H] of one dtype (the sum is rounded to that dtype
+    first, exactly as the model's own ``hidden + residual`` would be);
+    buffer: [T, K*H]. ``residual=None`` copies ``hidden``.
+    """
+    width = hidden.shape[1]
+    value = hidden if residual is None else hidden + residual  # [T, H]
+    buffer[:, slot * width : (slot + 1) * width].copy_(value.to(buffer.dtype))
+    return buffer
+
+
+def verify_tree_greedy_ref(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance over a draft token tree (SGLang's verify_tree_greedy).
+
+    Shapes (B requests, D draft tokens per request including the root, S =
+    the most tokens one request can accept, i.e. tree depth + 1):
+      candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+      target_predict: [B, D] int64. Node i of request b holds draft token
+      candidates[b, i]; its first child is retrieve_next_token[b, i] and its
+      next sibling retrieve_next_sibling[b, i] (-1 = none); node 0 is the
+      root (the last verified token). retrieve_index[b, i] is the node's row
+      in the flattened [B*D] verify batch; target_predict.view(-1)[r] is the
+      target's greedy token after row r.
+      predicts: [B*D] int32, accept_index: [B, S] int32, accept_token_num:
+      [B] int32; all three are written in place (only the entries named
+      below: others keep the caller's fill, -1 for accept_index in SGLang).
+
+    Per request: start at the root; at each of up to S-1 levels, walk the
+    children of the last accepted node in sibling order and accept the first
+    whose draft token equals the target's token after the last accepted
+    node; stop at the first level where none matches. Then
+      predicts[r] = target token after row r, for every accepted row r
+        (the root included), i.e. the tokens the target commits;
+      accept_index[b, :n+1] = rows of the root and the n accepted nodes;
+      accept_token_num[b] = n (accepted draft tokens, the root not counted).
+    """
+    cand = candidates.tolist()
+    rows = retrieve_index.tolist()
+    first_child = retrieve_next_token.tolist()
+    next_sibling = retrieve_next_sibling.tolist()
+    target_flat = target_predict.reshape(-1).tolist()
+    max_accept = accept_index.shape[1]
+    new_predicts: dict[int, int] = {}
+    new_accept: list[list[int]] = []
+    num_accepted: list[int] = []
+    for b in range(len(cand)):
+        last_row = rows[b][0]
+        accepted = [last_row]
+        node = 0
+        for _level in range(1, max_accept):
+            want = target_flat[last_row]
+            child = first_child[b][node]
+            while child != -1 and cand[b][child] != want:
+                child = next_sibling[b][child]
+            if child == -1:
+                break
+            new_predicts[last_row] = want
+            last_row = rows[b][child]
+            accepted.append(last_row)
+            node = child
+        new_predicts[last_row] = target_flat[last_row]
+        new_accept.append(accepted)
+        num_accepted.append(len(accepted) - 1)
+
+    if new_predicts:
+        where = torch.tensor(list(new_predicts), dtype=torch.long, device=predicts.device)
+        what = torch.tensor(list(new_predicts.values()), dtype=predicts.dtype)
+        predicts.index_copy_(0, where, what.to(predicts.device))
+    for b, accepted in enumerate(new_accept):
+        accept_index[b, : len(accepted)] = torch.tensor(accepted, dtype=accept_index.dtype)
+    accept_token_num.copy_(torch.tensor(num_accepted, dtype=accept_token_num.dtype))
+    return predicts, accept_index, accept_token_num

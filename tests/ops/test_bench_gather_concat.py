@@ -1,0 +1,53 @@
+"""Smoke test of benchmarks/bench_gather_concat.py on CPU (tiny sizes)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gather_concat.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gather_concat", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
+    args = bench.parse_args(["--device", "cpu", "--n", "1", "4", "--k", "3", "--hidden", "40", "--rep", "1",
+                             "--warmup", "1", "--copy-mib", "1", "--out-dir", str(tmp_path), "--tag", "smoke",
+                             "--no-plot", "--no-jit"])
+    rows = bench.run(args)
+    assert {r["provider"] for r in rows} == {"torch", "sglang_pack", "triton"}  # no cuda on CPU
+    lines = (tmp_path / "gather_concat_smoke.csv").read_text().splitlines()
+    header = [ln for ln in lines if ln.startswith("#")]
+    assert any(ln.startswith("# torch: ") for ln in header)
+    assert any(ln.startswith("# command: ") and "--device cpu" in ln for ln in header)
+    table = list(csv.DictReader(ln for ln in lines if not ln.startswith("#")))
+    assert [(r["provider"], int(r["N"])) for r in table][:3] == [("torch", 1), ("sglang_pack", 1), ("triton", 1)]
+    assert all(float(r["time_us"]) > 0 and float(r["copy_GBps"]) > 0 for r in table)
+
+
+def test_bench_baselines_agree_and_wrong_kernel_is_refused(bench, tmp_path, monkeypatch):
+    sources = [torch.randn(6, 8).to(torch.bfloat16) for _ in range(3)]
+    index = torch.tensor([5, 0, 3])
+    packed = bench.PackThenSelect(6, 8, 3, torch.bfloat16, torch.device("cpu"))(sources, index)
+    assert torch.equal(packed, bench.torch_index_cat(sources, index))
+    assert torch.equal(packed, torch.cat([s[index] for s in sources], dim=1))
+
+    def wrong(sources, index, out, backend):
+        return out.zero_()
+
+    monkeypatch.setattr(bench, "gather_concat", wrong)
+    args = bench.parse_args(["--device", "cpu", "--n", "4", "--hidden", "8", "--rep", "1", "--warmup", "0",
+                             "--copy-mib", "1", "--out-dir", str(tmp_path), "--no-plot", "--no-jit",
+                             "--providers", "torch", "triton"])
+    with pytest.raises(SystemExit, match="triton differs from torch at N=4"):
+        bench.run(args)
