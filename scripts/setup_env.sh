@@ -14,7 +14,7 @@ cd "$ROOT"
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 CACHE=${EAGLE3_ENV_CACHE:-$HOME/.cache/eagle3-backend}
-HASH=$(cat requirements/base.txt requirements/lock.txt requirements/data.txt scripts/setup_env.sh \
+HASH=$(cat requirements/base.txt requirements/lock.txt requirements/data.txt \
        | sha256sum | cut -c1-16)
 BASE=$CACHE/base-$HASH
 
