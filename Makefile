@@ -20,6 +20,8 @@ demo: setup
 	$(PY) -m eagle3_backend make-demo-draft $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF) --force
 	$(PY) -m eagle3_backend inspect $(ARTIFACTS)/demo-draft
 	$(PY) -m eagle3_backend validate $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF)
+	$(PY) -m eagle3_backend eval --draft $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF) \
+		--dataset mt-bench --limit 2 --max-new-tokens 32 --threads 1 --dtype float32
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -5,6 +5,8 @@
     eagle3 validate CKPT --target T          (exit 0 servable, 1 problems, 2 bad input)
     eagle3 env [--json]
     eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
+    eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE.jsonl [--json]
+    eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
@@ -321,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     sp.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     sp.set_defaults(func=cmd_make_demo_draft)
+
+    from eagle3_backend.verify.cli import add_bench_parser, add_eval_parser
+    add_eval_parser(sub)
+    add_bench_parser(sub)
     return p
 
 

@@ -1,0 +1,355 @@
+"""Live-server benchmark client: acceptance length and tok/s of running SGLang servers.
+
+Speaks SGLang's native API (``POST /generate``; per-request
+``meta_info.spec_accept_length``, ``spec_verify_ct``, ``completion_tokens``,
+``spec_correct_drafts_histogram``) or its OpenAI-compatible API
+(``POST /v1/chat/completions`` with ``return_spec_tokens_details``; the same
+figures under ``sglext.spec_tokens_details``), and reads ``GET /server_info``
+(``internal_states[0].avg_spec_accept_length``) after each concurrency level.
+
+Every request has a hard deadline; a refused connection, a timeout, an HTTP
+error or a body that is not the expected JSON is recorded for that request
+and the run goes on. Nothing here can hang longer than the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from eagle3_backend.errors import Eagle3Error
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BenchSettings",
+    "LevelResult",
+    "RequestResult",
+    "fetch_server_info",
+    "run_benchmark",
+    "run_level",
+]
+
+APIS = ("native", "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    """How requests are sent. ``timeout_s`` bounds each request end to end."""
+
+    api: str = "native"
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    timeout_s: float = 300.0
+    model: str = "default"  # OpenAI "model" field
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise Eagle3Error(f"--api must be one of {APIS}, got {self.api!r}.")
+        if self.max_new_tokens < 1:
+            raise Eagle3Error(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}.")
+        if self.temperature < 0:
+            raise Eagle3Error(f"--temperature must be >= 0, got {self.temperature}.")
+        if not self.timeout_s > 0:
+            raise Eagle3Error(f"--timeout must be > 0 seconds, got {self.timeout_s}.")
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One request: ``error`` is None on success, else one line saying what failed."""
+
+    index: int
+    ok: bool
+    latency_s: float
+    error: str | None = None
+    completion_tokens: int = 0
+    prompt_tokens: int | None = None
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+    spec_histogram: list[int] | None = None
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """All requests of one concurrency level against one server."""
+
+    concurrency: int
+    wall_s: float
+    requests: list[RequestResult]
+    server_avg_spec_accept_length: float | None = None
+    server_info_error: str | None = None
+
+    @property
+    def ok(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.ok]
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.ok
+        tokens = sum(r.completion_tokens for r in ok)
+        spec = [r for r in ok if r.spec_verify_ct]
+        verify = sum(r.spec_verify_ct or 0 for r in spec)
+        spec_tokens = sum(r.completion_tokens for r in spec)
+        hist: list[int] = []
+        for r in ok:
+            for j, c in enumerate(r.spec_histogram or []):
+                hist.extend([0] * (j + 1 - len(hist)))
+                hist[j] += int(c)
+        errors: dict[str, int] = {}
+        for r in self.requests:
+            if not r.ok:
+                kind = (r.error or "error").split(":", 1)[0]
+                errors[kind] = errors.get(kind, 0) + 1
+        return {
+            "concurrency": self.concurrency,
+            "n_requests": len(self.requests),
+            "n_ok": len(ok),
+            "n_errors": len(self.requests) - len(ok),
+            "errors_by_kind": errors,
+            "wall_s": self.wall_s,
+            "completion_tokens": tokens,
+            "output_tokens_per_s": tokens / self.wall_s if self.wall_s > 0 and ok else 0.0,
+            "mean_latency_s": sum(r.latency_s for r in ok) / len(ok) if ok else None,
+            "acceptance_length": spec_tokens / verify if verify else None,
+            "spec_verify_ct": verify,
+            "acceptance_histogram": hist or None,
+            "server_avg_spec_accept_length": self.server_avg_spec_accept_length,
+            "server_info_error": self.server_info_error,
+        }
+
+
+# --------------------------------------------------------------------------- protocol
+def _request_body(settings: BenchSettings, prompt: Any) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body). ``prompt`` is a str (native text) or a list of chat messages."""
+    if settings.api == "native":
+        body: dict[str, Any] = {
+            "sampling_params": {
+                "max_new_tokens": settings.max_new_tokens,
+                "temperature": settings.temperature,
+                "ignore_eos": settings.ignore_eos,
+            },
+        }
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            body["input_ids"] = prompt
+        else:
+            body["text"] = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        return "/generate", body
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    return "/v1/chat/completions", {
+        "model": settings.model,
+        "messages": messages,
+        "max_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "ignore_eos": settings.ignore_eos,
+        "return_spec_tokens_details": True,
+        "stream": False,
+    }
+
+
+def _parse_response(api: str, data: Any) -> dict[str, Any]:
+    """Fields of a successful response; raises ValueError when the shape is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    if api == "native":
+        if isinstance(data.get("error"), (dict, str)):
+            raise ValueError(f"server error: {str(data['error'])[:200]}")
+        meta = data.get("meta_info")
+        if not isinstance(meta, dict) or "completion_tokens" not in meta:
+            raise ValueError("no meta_info.completion_tokens in the /generate response")
+        spec = meta
+        usage_tokens, prompt_tokens = meta["completion_tokens"], meta.get("prompt_tokens")
+    else:
+        usage = data.get("usage")
+        if not isinstance(usage, dict) or "completion_tokens" not in usage:
+            raise ValueError("no usage.completion_tokens in the chat completion response")
+        ext = data.get("sglext") or {}
+        spec = ext.get("spec_tokens_details") or {} if isinstance(ext, dict) else {}
+        if isinstance(spec, list):
+            spec = spec[0] if spec else {}
+        usage_tokens, prompt_tokens = usage["completion_tokens"], usage.get("prompt_tokens")
+    verify = spec.get("spec_verify_ct")
+    return {
+        "completion_tokens": int(usage_tokens),
+        "prompt_tokens": None if prompt_tokens is None else int(prompt_tokens),
+        "spec_accept_length": spec.get("spec_accept_length") if verify else None,
+        "spec_verify_ct": int(verify) if verify else None,
+        "spec_histogram": list(spec.get("spec_correct_drafts_histogram") or []) or None,
+    }
+
+
+async def _one_request(client: httpx.AsyncClient, url: str, settings: BenchSettings,
+                       index: int, prompt: Any) -> RequestResult:
+    path, body = _request_body(settings, prompt)
+    t0 = time.perf_counter()
+
+    def fail(kind: str, detail: str) -> RequestResult:
+        return RequestResult(index, False, time.perf_counter() - t0, f"{kind}: {detail}")
+
+    try:
+        resp = await asyncio.wait_for(client.post(url.rstrip("/") + path, json=body),
+                                      timeout=settings.timeout_s)
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        return fail("timeout", f"no complete response within {settings.timeout_s:g}s")
+    except httpx.ConnectError as exc:
+        return fail("connection", f"cannot connect to {url} ({exc})")
+    except httpx.HTTPError as exc:
+        return fail("http", f"{type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return fail("http", f"HTTP {resp.status_code}: {resp.text[:200]!r}")
+    try:
+        fields = _parse_response(settings.api, resp.json())
+    except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
+        return fail("bad-response", f"{exc} (body starts {resp.text[:120]!r})")
+    return RequestResult(index, True, time.perf_counter() - t0, **fields)
+
+
+async def _server_info(client: httpx.AsyncClient, url: str, timeout_s: float) -> dict[str, Any]:
+    last_exc: Exception | None = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            resp = await asyncio.wait_for(client.get(url.rstrip("/") + path), timeout=timeout_s)
+        except (asyncio.TimeoutError, httpx.HTTPError) as exc:
+            last_exc = exc
+            break
+        if resp.status_code == 404:
+            continue
+        if resp.status_code != 200:
+            raise ValueError(f"GET {path}: HTTP {resp.status_code}")
+        data = resp.json()
+        if not isinstance(data, dict):
+            raise ValueError(f"GET {path}: expected a JSON object")
+        return data
+    if last_exc is not None:
+        raise ValueError(f"GET /server_info failed: {type(last_exc).__name__}: {last_exc}")
+    raise ValueError("the server has neither /server_info nor /get_server_info")
+
+
+def _avg_accept(info: dict[str, Any]) -> float | None:
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        return float(value) if isinstance(value, (int, float)) else None
+    return None
+
+
+def fetch_server_info(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """``GET /server_info`` of a live server (raises ValueError with one line on failure)."""
+    async def go():
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            return await _server_info(client, url, timeout_s)
+    return asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- running
+async def run_level(url: str, prompts: Sequence[Any], concurrency: int, settings: BenchSettings,
+                    progress: bool = False, label: str = "") -> LevelResult:
+    """Send every prompt, at most ``concurrency`` in flight; then read /server_info."""
+    if concurrency < 1:
+        raise Eagle3Error(f"concurrency must be >= 1, got {concurrency}.")
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s))
+    sem = asyncio.Semaphore(concurrency)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc=f"{label} c={concurrency}", unit="req", leave=False)
+
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def guarded(i: int, prompt: Any) -> RequestResult:
+            async with sem:
+                res = await _one_request(client, url, settings, i, prompt)
+            if bar is not None:
+                bar.update(1)
+            return res
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(guarded(i, p) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t0
+        level = LevelResult(concurrency, wall, list(results))
+        try:
+            level.server_avg_spec_accept_length = _avg_accept(
+                await _server_info(client, url, min(10.0, settings.timeout_s)))
+        except (ValueError, json.JSONDecodeError) as exc:
+            level.server_info_error = str(exc)
+    if bar is not None:
+        bar.close()
+    for r in level.requests:
+        if not r.ok:
+            logger.warning("%s request %d (c=%d): %s", label or url, r.index, concurrency, r.error)
+    return level
+
+
+def run_benchmark(
+    url: str,
+    prompts: Sequence[Any],
+    concurrency: Sequence[int],
+    settings: BenchSettings,
+    baseline_url: str | None = None,
+    warmup: int = 1,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Every concurrency level against the speculative server (and the baseline).
+
+    Returns a JSON-ready dict: ``levels`` (one entry per level with ``spec``,
+    ``baseline`` and ``speedup``), per-request ``requests`` and ``errors``.
+    """
+    if not prompts:
+        raise Eagle3Error("no prompts to send; check --dataset / --limit.")
+    servers = {"spec": url} | ({"baseline": baseline_url} if baseline_url else {})
+    out: dict[str, Any] = {"settings": asdict(settings) | {"concurrency": list(concurrency),
+                                                          "warmup": warmup,
+                                                          "n_prompts": len(prompts)},
+                           "servers": {}, "levels": [], "requests": {}, "errors": []}
+
+    async def main() -> None:
+        for role, server in servers.items():
+            info: dict[str, Any] = {"url": server}
+            try:
+                data = await asyncio.wait_for(_fetch_info(server, settings), settings.timeout_s + 5)
+                info["server_info"] = _info_subset(data)
+            except (ValueError, asyncio.TimeoutError) as exc:
+                info["server_info_error"] = str(exc)
+            out["servers"][role] = info
+            if warmup:
+                await run_level(server, list(prompts[:warmup]), 1, settings)
+        for c in concurrency:
+            entry: dict[str, Any] = {"concurrency": c}
+            for role, server in servers.items():
+                level = await run_level(server, prompts, c, settings, progress, label=role)
+                entry[role] = level.summary()
+                out["requests"].setdefault(role, {})[str(c)] = [asdict(r) for r in level.requests]
+                out["errors"].extend({"server": role, "concurrency": c, "index": r.index,
+                                      "error": r.error} for r in level.requests if not r.ok)
+            base = entry.get("baseline")
+            spec_tps = entry["spec"]["output_tokens_per_s"]
+            entry["speedup"] = (spec_tps / base["output_tokens_per_s"]
+                                if base and base["output_tokens_per_s"] and spec_tps else None)
+            out["levels"].append(entry)
+
+    asyncio.run(main())
+    return out
+
+
+async def _fetch_info(url: str, settings: BenchSettings) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=min(10.0, settings.timeout_s)) as client:
+        return await _server_info(client, url, min(10.0, settings.timeout_s))
+
+
+_INFO_KEYS = ("model_path", "served_model_name", "speculative_algorithm",
+              "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+              "speculative_num_draft_tokens", "dtype", "device", "attention_backend", "version",
+              "tp_size")
+
+
+def _info_subset(info: dict[str, Any]) -> dict[str, Any]:
+    sub = {k: info[k] for k in _INFO_KEYS if k in info}
+    sub["avg_spec_accept_length"] = _avg_accept(info)
+    return sub

@@ -1,0 +1,314 @@
+"""``eagle3 eval`` and ``eagle3 bench``: argument parsing and printing.
+
+Wired into :mod:`eagle3_backend.cli` with::
+
+    add_eval_parser(sub); add_bench_parser(sub)      # in build_parser()
+    # dispatch: args.func(args) -> exit code
+
+Each ``add_*_parser`` sets ``func`` on its subparser (``run_eval`` / ``run_bench``),
+which returns an exit code (0 ok; 1 the run completed but with a problem:
+outputs differ at temperature 0, or requests failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_backend.errors import Eagle3Error
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_bench_parser", "add_eval_parser", "run_bench", "run_eval"]
+
+EXIT_OK, EXIT_PROBLEMS = 0, 1
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative settings (SGLang names)")
+    g.add_argument("--speculative-num-steps", type=int, default=3, metavar="N",
+                   help="draft depth: draft forwards per verify step (default 3)")
+    g.add_argument("--speculative-eagle-topk", type=int, default=1, metavar="K",
+                   help="branching per draft step; 1 = chain (default 1)")
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=None, metavar="N",
+                   help="tokens verified per step, root included (default: steps+1 for a "
+                        "chain, min(8, all scored nodes + 1) for a tree)")
+
+
+def _dataset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="mt-bench",
+                   help="mt-bench | sharegpt | FILE.jsonl with {\"prompt\"} or {\"messages\"} rows "
+                        "(default mt-bench)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="M",
+                   help="new tokens per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); > 0 samples")
+
+
+def _output_args(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--output-dir", default=None, metavar="DIR",
+                   help="write DIR/NAME.json (machine, versions, settings, git revision) and PNG "
+                        "plots (default with --name: benchmarks/results)")
+    p.add_argument("--name", default=None,
+                   help=f"results file stem (default {kind}-<dataset>-<settings>-<time>); "
+                        "giving it writes the results file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+# --------------------------------------------------------------------------- eval
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "eval", help="offline: acceptance length and tok/s of a draft vs the target alone",
+        description="Run the target alone and target + draft (speculative) on the same prompts "
+                    "in this process; report acceptance length, per-position acceptance, tok/s, "
+                    "speedup and whether greedy outputs are identical.")
+    p.add_argument("--target", default="bundled",
+                   help="HF model dir or .gguf file (default: the bundled SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--draft", required=True, help="draft checkpoint directory (any supported format)")
+    _dataset_args(p)
+    _spec_args(p)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="target and draft dtype (default float32: greedy outputs must be identical)")
+    p.add_argument("--device", default=None, help="cpu | cuda[:i] (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no-baseline", action="store_true", help="skip the target-only run")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="encode the raw user text (default: the target tokenizer's chat template)")
+    _output_args(p, "eval")
+    p.set_defaults(func=run_eval)
+    return p
+
+
+def _default_name(kind: str, dataset: str, extra: str) -> str:
+    stem = Path(dataset).stem if dataset.endswith(".jsonl") else dataset
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)
+    return f"{kind}-{safe}-{extra}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from eagle3_backend.verify.datasets import load_prompts
+    from eagle3_backend.verify.engine import load_draft_model
+    from eagle3_backend.verify.evaluate import evaluate
+    from eagle3_backend.verify.targets import load_target, parse_dtype
+    from eagle3_backend.verify.tree import SpecSettings
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = SpecSettings(args.speculative_num_steps, args.speculative_eagle_topk,
+                            args.speculative_num_draft_tokens)
+    if args.max_new_tokens < 1:
+        raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    prompts = load_prompts(args.dataset, args.limit)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype, device)
+    draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
+    result = evaluate(target, draft, prompts, settings, args.max_new_tokens, args.temperature,
+                      args.seed, baseline=not args.no_baseline,
+                      chat_template=not args.no_chat_template, progress=not args.no_progress)
+    result["target"] = target.path
+    result["draft"] = str(args.draft)
+    result["dataset"] = args.dataset
+    result["device"] = str(device)
+    if args.output_dir or args.name:
+        result["files"] = _write_eval_files(args, settings, result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_eval(result)
+    return EXIT_PROBLEMS if result["outputs_identical"] is False and args.dtype == "float32" else EXIT_OK
+
+
+def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str, Any]) -> list[str]:
+    from eagle3_backend.verify.report import (
+        DEFAULT_RESULTS_DIR,
+        plot_acceptance_histogram,
+        plot_spec_vs_baseline,
+        write_results,
+    )
+
+    s = settings.to_dict()
+    name = args.name or _default_name(
+        "eval", args.dataset, f"s{s['speculative_num_steps']}k{s['speculative_eagle_topk']}"
+                              f"n{s['speculative_num_draft_tokens']}-{args.dtype}")
+    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
+    run_settings = s | {k: getattr(args, k) for k in (
+        "draft", "dataset", "limit", "max_new_tokens", "temperature", "dtype", "seed")}
+    run_settings["target"] = result["target"]
+    run_settings["device"] = result["device"]
+    files = [str(write_results(name, result, run_settings, out))]
+    files.append(str(plot_acceptance_histogram(result["acceptance_histogram"],
+                                               out / f"{name}-acceptance.png")))
+    if result.get("baseline_tokens_per_s"):
+        files.append(str(plot_spec_vs_baseline(["offline"], [result["tokens_per_s"]],
+                                               [result["baseline_tokens_per_s"]],
+                                               out / f"{name}-speedup.png")))
+    return files
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _print_eval(r: dict[str, Any]) -> None:
+    rates = ", ".join(_fmt(x) for x in r["acceptance_rate_by_position"])
+    print(f"prompts               {r['n_prompts']}  ({r['dataset']}, {r['max_new_tokens']} new tokens,"
+          f" temperature {r['temperature']:g}, {r['dtype']}, {r['device']})")
+    print(f"settings              {r['settings']}")
+    print(f"acceptance length     {_fmt(r['acceptance_length'])} tokens / verify step "
+          f"({r['completion_tokens']} tokens, {r['verify_steps']} steps)")
+    print(f"acceptance by position {rates}")
+    print(f"histogram (accepted)  {r['acceptance_histogram']}")
+    print(f"tok/s speculative     {_fmt(r['tokens_per_s'])}")
+    print(f"tok/s target only     {_fmt(r['baseline_tokens_per_s'])}")
+    print(f"speedup               {_fmt(r['speedup'])}x")
+    if r["outputs_identical"] is not None:
+        print(f"outputs identical     {r['outputs_identical']} "
+              f"(agreement {_fmt(r['agreement_rate'], '.0%')} of prompts)")
+    for f in r.get("files", []):
+        print(f"wrote                 {f}")
+
+
+# --------------------------------------------------------------------------- bench
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="live servers: acceptance length and tok/s per concurrency level",
+        description="Send the dataset's prompts to a running SGLang server (and optionally a "
+                    "target-only baseline server) at each concurrency level; report acceptance "
+                    "length (meta_info.spec_accept_length / spec_verify_ct, /server_info "
+                    "avg_spec_accept_length), output tok/s and speedup. Failed requests are "
+                    "reported one by one; each request has a hard timeout.")
+    p.add_argument("--url", required=True, help="speculative server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--baseline-url", default=None, help="target-only server for the speedup")
+    _dataset_args(p)
+    p.add_argument("--concurrency", default="1,4,16",
+                   help="comma-separated concurrency levels (default 1,4,16)")
+    p.add_argument("--api", default="native", choices=("native", "openai"),
+                   help="native /generate (default) or OpenAI /v1/chat/completions")
+    p.add_argument("--tokenizer", default=None, metavar="TARGET",
+                   help="native API: apply this target's chat template (HF dir or .gguf) before "
+                        "sending; without it the raw user text is sent")
+    p.add_argument("--model", default="default", help="OpenAI 'model' field (default 'default')")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="per-request deadline in seconds (default 300)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per server (default 1)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
+    _output_args(p, "bench")
+    p.set_defaults(func=run_bench)
+    return p
+
+
+def _parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise Eagle3Error(f"--concurrency must be positive integers separated by commas, got {text!r}.")
+    return levels
+
+
+def _bench_prompts(args: argparse.Namespace, prompts: list[Any]) -> list[Any]:
+    if args.api == "openai":
+        return [p.as_chat() for p in prompts]
+    if args.tokenizer is None:
+        print("eagle3 bench: note: native API without --tokenizer sends the raw user text (no "
+              "chat template); acceptance will not reflect chat-formatted serving. Pass "
+              "--tokenizer TARGET or --api openai.", file=sys.stderr)
+        return [p.text for p in prompts]
+    from transformers import AutoTokenizer
+
+    path = Path(args.tokenizer)
+    if path.suffix == ".gguf":
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    return [tok.apply_chat_template(p.as_chat(), add_generation_prompt=True, tokenize=False)
+            for p in prompts]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from eagle3_backend.verify.bench import BenchSettings, run_benchmark
+    from eagle3_backend.verify.datasets import load_prompts
+
+    levels = _parse_levels(args.concurrency)
+    settings = BenchSettings(api=args.api, max_new_tokens=args.max_new_tokens,
+                             temperature=args.temperature, timeout_s=args.timeout,
+                             model=args.model, ignore_eos=args.ignore_eos)
+    prompts = _bench_prompts(args, load_prompts(args.dataset, args.limit))
+    result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
+                           warmup=args.warmup, progress=not args.no_progress)
+    result["dataset"] = args.dataset
+    if args.output_dir or args.name:
+        result["files"] = _write_bench_files(args, result)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2))
+    else:
+        _print_bench(result)
+    return EXIT_PROBLEMS if result["errors"] else EXIT_OK
+
+
+def _write_bench_files(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
+    from eagle3_backend.verify.report import (
+        DEFAULT_RESULTS_DIR,
+        plot_acceptance_histogram,
+        plot_spec_vs_baseline,
+        plot_tokens_per_s_vs_concurrency,
+        write_results,
+    )
+
+    name = args.name or _default_name("bench", args.dataset, f"{args.api}-c{args.concurrency.replace(',', '-')}")
+    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
+    files = [str(write_results(name, result, result["settings"] | {"url": args.url,
+                                                                    "baseline_url": args.baseline_url,
+                                                                    "dataset": args.dataset}, out))]
+    levels = result["levels"]
+    series = {role: {lv["concurrency"]: lv[role]["output_tokens_per_s"] for lv in levels}
+              for role in ("spec", "baseline") if levels and role in levels[0]}
+    files.append(str(plot_tokens_per_s_vs_concurrency(series, out / f"{name}-throughput.png")))
+    hist: list[int] = []
+    for lv in levels:
+        for j, c in enumerate(lv["spec"]["acceptance_histogram"] or []):
+            hist.extend([0] * (j + 1 - len(hist)))
+            hist[j] += c
+    if hist:
+        files.append(str(plot_acceptance_histogram(hist, out / f"{name}-acceptance.png")))
+    if "baseline" in series:
+        files.append(str(plot_spec_vs_baseline(
+            [f"c={lv['concurrency']}" for lv in levels],
+            [lv["spec"]["output_tokens_per_s"] for lv in levels],
+            [lv["baseline"]["output_tokens_per_s"] for lv in levels],
+            out / f"{name}-speedup.png")))
+    return files
+
+
+def _print_bench(result: dict[str, Any]) -> None:
+    for role, info in result["servers"].items():
+        extra = info.get("server_info") or {"error": info.get("server_info_error")}
+        print(f"{role:9s} {info['url']}  {json.dumps(extra)}")
+    print(f"{'conc':>5} {'ok/n':>8} {'tok/s':>9} {'accept':>7} {'srv acc':>7} "
+          f"{'base tok/s':>10} {'speedup':>7}")
+    for lv in result["levels"]:
+        s, b = lv["spec"], lv.get("baseline")
+        print(f"{lv['concurrency']:>5} {s['n_ok']:>4}/{s['n_requests']:<3} "
+              f"{s['output_tokens_per_s']:>9.1f} {_fmt(s['acceptance_length']):>7} "
+              f"{_fmt(s['server_avg_spec_accept_length']):>7} "
+              f"{_fmt(b['output_tokens_per_s'], '.1f') if b else 'n/a':>10} "
+              f"{_fmt(lv['speedup']):>7}")
+    for e in result["errors"][:20]:
+        print(f"error: {e['server']} c={e['concurrency']} request {e['index']}: {e['error']}",
+              file=sys.stderr)
+    if len(result["errors"]) > 20:
+        print(f"... and {len(result['errors']) - 20} more errors (see --json)", file=sys.stderr)
+    for f in result.get("files", []):
+        print(f"wrote {f}")

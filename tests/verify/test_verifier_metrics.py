@@ -1,0 +1,49 @@
+"""Metrics as SGLang defines them, on hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_backend.verify.metrics import (
+    acceptance_histogram,
+    acceptance_length,
+    acceptance_rate_by_position,
+    summarize,
+)
+
+
+def test_acceptance_length_is_tokens_over_verify_steps():
+    assert acceptance_length(10, 4) == 2.5
+    assert acceptance_length(5, 0) is None
+    with pytest.raises(ValueError):
+        acceptance_length(-1, 2)
+
+
+def test_histogram_and_rates():
+    steps = [0, 3, 1, 3, 2, 0]
+    assert acceptance_histogram(steps, 3) == [2, 1, 1, 2]
+    # >=1: 4/6, >=2: 3/6, >=3: 2/6
+    assert acceptance_rate_by_position(steps, 3) == [4 / 6, 3 / 6, 2 / 6]
+    assert acceptance_rate_by_position([], 2) == [None, None]
+    with pytest.raises(ValueError, match="expected 0..3"):
+        acceptance_histogram([4], 3)
+
+
+def test_summarize_two_requests():
+    # request A: first token from prefill + steps accepting 2,0 -> 1 + 3 + 1 = 5 tokens
+    # request B: 1 + (1+1) + (3+1) = 7 tokens
+    m = summarize([5, 7], [1.0, 2.0], [[2, 0], [1, 3]], 3, baseline_tokens=[5, 7],
+                  baseline_seconds=[2.0, 4.0])
+    assert m.n_prompts == 2
+    assert m.completion_tokens == 12
+    assert m.verify_steps == 4
+    assert m.acceptance_length == 3.0
+    assert m.acceptance_histogram == [1, 1, 1, 1]
+    assert m.acceptance_rate_by_position == [0.75, 0.5, 0.25]
+    assert m.tokens_per_s == 4.0
+    assert m.baseline_tokens_per_s == 2.0
+    assert m.speedup == 2.0
+    d = m.to_dict()
+    assert d["speedup"] == 2.0 and d["acceptance_histogram"] == [1, 1, 1, 1]
+    no_base = summarize([3], [1.0], [[1]], 2)
+    assert no_base.baseline_tokens_per_s is None and no_base.speedup is None

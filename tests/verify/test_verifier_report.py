@@ -1,0 +1,54 @@
+"""Results files (machine, versions, settings, git revision) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.verify.report import (
+    git_revision,
+    plot_acceptance_histogram,
+    plot_spec_vs_baseline,
+    plot_tokens_per_s_vs_concurrency,
+    versions,
+    write_results,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_results_records_environment(tmp_path):
+    path = write_results("eval-test", {"acceptance_length": 2.5}, {"speculative_num_steps": 3}, tmp_path)
+    assert path == tmp_path / "eval-test.json"
+    doc = json.loads(path.read_text())
+    assert doc["name"] == "eval-test"
+    assert doc["results"] == {"acceptance_length": 2.5}
+    assert doc["settings"] == {"speculative_num_steps": 3}
+    env = doc["environment"]
+    assert env["machine"]["cpu_count"] >= 1
+    assert env["versions"]["torch"] and env["versions"]["transformers"]
+    assert env["versions"]["eagle3-backend"]
+    assert set(env["git"]) == {"commit", "dirty"}
+    with pytest.raises(Eagle3Error, match="file stem"):
+        write_results("../escape", {}, {}, tmp_path)
+
+
+def test_git_revision_of_a_repo_and_a_non_repo(tmp_path):
+    rev = git_revision()
+    assert rev["commit"] is None or len(rev["commit"]) == 40
+    assert git_revision(tmp_path) == {"commit": None, "dirty": None}
+    assert versions(["definitely-not-a-package-xyz"]) == {"definitely-not-a-package-xyz": None}
+
+
+def test_plots_are_png(tmp_path):
+    paths = [
+        plot_acceptance_histogram([5, 3, 2, 1], tmp_path / "h.png"),
+        plot_tokens_per_s_vs_concurrency({"spec": {1: 10.0, 4: 30.0}, "baseline": {1: 8.0, 4: 20.0}},
+                                         tmp_path / "t.png"),
+        plot_spec_vs_baseline(["c=1", "c=4"], [10.0, 30.0], [8.0, None], tmp_path / "s.png"),
+    ]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 2000, p

@@ -1,0 +1,77 @@
+"""Target loading and layout hidden-state capture (canonical names vs HF hidden_states)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3_backend.errors import LayoutError, TargetError
+from eagle3_backend.verify.targets import HiddenCapture, load_target, parse_dtype
+
+
+def test_bundled_target_shape(smol_target):
+    assert (smol_target.num_layers, smol_target.hidden_size, smol_target.vocab_size) == (30, 576, 49152)
+    assert smol_target.dtype == torch.float32
+    assert 2 in smol_target.eos_token_ids  # <|im_end|>
+    assert smol_target.tokenizer.chat_template
+
+
+@torch.inference_mode()
+def test_capture_matches_hf_hidden_states(smol_target):
+    ids = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
+    layout = "[layer_input:29, embed, layer_input:3, layer_input:30]"  # not in layer order
+    with HiddenCapture(smol_target.model, layout) as cap:
+        out = smol_target.model(ids, output_hidden_states=True)
+        aux = cap.take()
+    hs = out.hidden_states
+    H = smol_target.hidden_size
+    assert aux.shape == (1, 6, 4 * H)
+    chunks = aux.split(H, dim=-1)
+    # layout order is kept: chunk i is source i
+    torch.testing.assert_close(chunks[0], hs[29], rtol=0, atol=0)
+    torch.testing.assert_close(chunks[1], hs[0], rtol=0, atol=0)
+    torch.testing.assert_close(chunks[1], smol_target.model.get_input_embeddings()(ids), rtol=0, atol=0)
+    torch.testing.assert_close(chunks[2], hs[3], rtol=0, atol=0)
+    # layer_input:30 is the last layer's output BEFORE the final norm; HF's last entry is normed.
+    last = chunks[3]
+    assert (last - hs[30]).abs().max() > 1.0
+    torch.testing.assert_close(smol_target.model.model.norm(last), hs[30], rtol=0, atol=0)
+
+
+@torch.inference_mode()
+def test_capture_hooks_removed_and_take_requires_forward(smol_target):
+    model = smol_target.model
+    layer0 = model.model.layers[0]
+    before = len(layer0._forward_pre_hooks)
+    with HiddenCapture(model, "[embed]") as cap:
+        assert len(layer0._forward_pre_hooks) == before + 1
+        with pytest.raises(TargetError, match="take\\(\\) must follow a target forward"):
+            cap.take()
+    assert len(layer0._forward_pre_hooks) == before
+
+
+def test_capture_rejects_layer_beyond_target(smol_target):
+    with pytest.raises(LayoutError, match="30 decoder layers"):
+        HiddenCapture(smol_target.model, "[embed, layer_input:31]")
+
+
+def test_load_target_errors(tmp_path):
+    with pytest.raises(TargetError, match="does not exist"):
+        load_target(tmp_path / "nope")
+    bad = tmp_path / "weights.bin"
+    bad.write_bytes(b"x")
+    with pytest.raises(TargetError, match="not a .gguf"):
+        load_target(bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TargetError, match="no config.json and 0 .gguf"):
+        load_target(empty)
+    with pytest.raises(TargetError, match="unknown dtype"):
+        parse_dtype("float8")
+    assert parse_dtype("bf16") == torch.bfloat16
+
+
+def test_load_hf_dir_target(tiny_target_dir):
+    t = load_target(tiny_target_dir, "bfloat16")
+    assert (t.num_layers, t.hidden_size, t.dtype) == (8, 64, torch.bfloat16)
+    assert next(t.model.parameters()).dtype == torch.bfloat16
