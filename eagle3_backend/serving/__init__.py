@@ -1,0 +1,60 @@
+"""SGLang plugin: serve every EAGLE-3 draft with exactly the hidden states it was trained on.
+
+Installed means active. ``pyproject.toml`` registers :func:`plugin` under
+SGLang's ``sglang.srt.plugins`` entry-point group as ``eagle3``; SGLang's
+``load_plugins()`` calls it in every process (launcher, schedulers,
+detokenizer) and then applies the hooks it registered. ``SGLANG_PLUGINS``
+(a comma-separated allow list) excludes it when it does not name ``eagle3``.
+
+The unchanged command then serves EAGLE-3 through this backend::
+
+    python -m sglang.launch_server --model-path TARGET \\
+        --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT ...
+
+What it does, by module: ``hooks`` (the table of every SGLang target, checked
+before registering), ``checks`` (refusals before loading weights),
+``capture`` + ``collect`` (layout-exact capture packed into the fc input),
+``selfcheck`` (warm-up check), ``runtime`` (the hook handlers).
+
+Nothing is imported from SGLang until :func:`plugin` runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["plugin"]
+
+
+def plugin() -> None:
+    """The ``sglang.srt.plugins`` entry point: verify the hook table, then register.
+
+    ``main`` rows (the launcher's pre-load checks) are registered in every
+    process. The scheduler-side rows only in the processes of an EAGLE-3
+    launch that passed those checks (the launcher hands them the checked plan
+    in ``$EAGLE3_SERVING_PLAN``), so other launches import nothing more.
+
+    A missing or changed hook target stops the process with one line naming
+    the SGLang version and the target (SystemExit: SGLang's loader logs and
+    swallows ordinary exceptions, which would leave SGLang running unpatched).
+    """
+    from eagle3_backend.serving import checks, hooks
+
+    problems = hooks.verify("main")
+    plan_text = os.environ.get(checks.PLAN_ENV)
+    if not problems and plan_text:
+        from eagle3_backend.serving.runtime import process_plan
+
+        problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(process_plan().architecture))
+    if problems:
+        line = hooks.fail_closed_line(problems[0])
+        logger.error("%s", line)
+        raise SystemExit(line)
+    done = hooks.register("main")
+    if plan_text:
+        done += hooks.register("serve")
+    logger.info("eagle3_backend plugin: registered %d SGLang hooks (SGLang %s)", len(done),
+                hooks.sglang_version())

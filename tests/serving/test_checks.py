@@ -1,0 +1,207 @@
+"""Pre-load refusals, in process (no SGLang needed): one named defect per draft."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from serving_drafts import DRAFT_VOCAB, HIDDEN, VOCAB, tiny_target, write_draft
+
+from eagle3_backend.errors import CheckpointError, LayoutError, LayoutMismatch, ServingError
+from eagle3_backend.layout import Layout
+from eagle3_backend.serving import checks
+from eagle3_backend.serving.checks import LaunchArgs, check_launch
+
+NO_ENV: dict[str, str] = {}
+
+
+def eagle3(path) -> LaunchArgs:
+    return LaunchArgs(algorithm="EAGLE3", draft_path=str(path))
+
+
+def test_good_draft_gives_the_plan(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=["layer_input:5", "embed", "layer_input:2"])
+    plan = check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:5, embed, layer_input:2]")
+    assert plan.layout_source == "explicit"
+    assert plan.capture_layers == (0, 2, 5)
+    assert plan.arrival_slots == (1, 2, 0)
+    assert plan.model_ids() == [-1, 1, 4]
+    assert plan.fc_in_features == 3 * HIDDEN
+
+
+def test_other_algorithms_are_left_alone(tmp_path):
+    draft = write_draft(tmp_path / "d")
+    assert check_launch(LaunchArgs(algorithm=None, draft_path=None), None, NO_ENV) is None
+    assert check_launch(LaunchArgs(algorithm="NGRAM", draft_path=str(draft)), None, NO_ENV) is None
+
+
+def test_eagle_given_an_eagle3_draft_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d")
+    with pytest.raises(ServingError, match=r"--speculative-algorithm EAGLE was given an EAGLE-3 "
+                                           r"draft.*acceptance length 1\.00.*Use --speculative-algorithm EAGLE3"):
+        check_launch(LaunchArgs(algorithm="eagle", draft_path=str(draft)), None, NO_ENV)
+
+
+def test_fc_width_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", fc_in=2 * HIDDEN)
+    with pytest.raises(LayoutMismatch, match=r"draft fc expects 128 inputs; layout \[embed, "
+                                             r"layer_input:2, layer_input:5\] gives 3 x 64 = 192"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_sglang_width_from_config_is_refused(tmp_path):
+    # SGLang sizes fc and its buffers from len(eagle_config ids) when the config has no
+    # num_aux_hidden_states: two ids for a three-source layout would build a 2 x 64 fc.
+    draft = write_draft(tmp_path / "d", ids=[1, 4])
+    with pytest.raises(LayoutMismatch, match=r"SGLang derives 2 fc input slots .* has 3"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    draft = write_draft(tmp_path / "e", config_extra={"num_aux_hidden_states": 2})
+    with pytest.raises(CheckpointError, match=r"'num_aux_hidden_states' is 2, but the layout"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_layer_out_of_range_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"])
+    with pytest.raises(LayoutError, match=r"names layer_input:11, but the target has 8 decoder layers"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_last_layer_output_is_refused_where_the_model_file_cannot_capture_it(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:8"])
+    with pytest.raises(LayoutError, match=r"needs layer_input:8 .* cannot capture"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    plan = check_launch(eagle3(draft), tiny_target("GptOssForCausalLM"), NO_ENV)
+    assert plan.model_ids() == [0, 2, 8]  # gpt-oss: verbatim because max(ids) == L
+
+
+def test_vocabulary_mismatch_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", vocab=32000)
+    with pytest.raises(CheckpointError, match=r"draft vocab_size .* is 32000 but target .* has 49152"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_d2t_outside_the_target_vocabulary_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", d2t_shift=VOCAB)
+    with pytest.raises(CheckpointError, match=r"d2t maps \d+ draft id\(s\) outside the target vocabulary"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_tensor_sglang_would_skip_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", rename={"lm_head.weight": "model.lm_head.weight"})
+    with pytest.raises(CheckpointError) as err:
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    msg = str(err.value)
+    assert "would skip tensor(s) ['model.lm_head.weight'] without a word" in msg
+    assert "would keep parameter(s) ['lm_head.weight'] at their random initial values" in msg
+
+
+def test_missing_qkv_shard_is_refused(tmp_path):
+    draft = write_draft(tmp_path / "d", rename={"midlayer.self_attn.k_proj.weight": "midlayer.self_attn.kproj.weight"})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.qkv_proj\.weight \(shards \['k'\]\)"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+
+
+def test_no_recorded_layout_serves_the_engine_default_loudly(tmp_path, caplog):
+    draft = write_draft(tmp_path / "d", layout=None)
+    # no eagle3_layout and no eagle_config ids at all
+    raw = (draft / "config.json").read_text()
+    assert "eagle3_layout" not in raw and "eagle_aux_hidden_state_layer_ids" not in raw
+    with caplog.at_level(logging.WARNING, logger="eagle3_backend.serving.checks"):
+        plan = check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:2, layer_input:4, layer_input:5]")
+    assert plan.layout_source == "assumed-default"
+    loud = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("RECORDS NO LAYOUT; serving the engine default [layer_input:2, layer_input:4, "
+               "layer_input:5]" in m and checks.LAYOUT_ENV in m for m in loud), loud
+
+
+def test_layout_env_names_an_unrecorded_layout(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=None)
+    env = {checks.LAYOUT_ENV: "[embed, layer_input:3, layer_input:6]"}
+    plan = check_launch(eagle3(draft), tiny_target(), env)
+    assert plan.layout == Layout.parse(env[checks.LAYOUT_ENV])
+    assert plan.layout_source == "env"
+
+
+def test_layout_env_cannot_contradict_a_recorded_layout(tmp_path):
+    draft = write_draft(tmp_path / "d")
+    with pytest.raises(LayoutMismatch, match=r"EAGLE3_LAYOUT=.* records eagle3_layout \[embed"):
+        check_launch(eagle3(draft), tiny_target(), {checks.LAYOUT_ENV: "[layer_input:1, layer_input:2, layer_input:3]"})
+    same = {checks.LAYOUT_ENV: "embed, layer_input:2, layer_input:5"}
+    assert check_launch(eagle3(draft), tiny_target(), same).layout_source == "explicit"
+
+
+def test_ids_only_draft_is_read_by_the_target_rule(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=None, ids=[2, 4, 6])
+    plan = check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:3, layer_input:5, layer_input:7]")  # llama: +1
+    assert plan.layout_source == "engine-ids"
+    assert plan.model_ids() == [2, 4, 6]
+    plan = check_launch(eagle3(draft), tiny_target("DeepseekV3ForCausalLM"), NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:2, layer_input:4, layer_input:6]")  # verbatim
+    assert plan.model_ids() == [2, 4, 6]
+    draft = write_draft(tmp_path / "e", layout=None, ids=[1, 4, 6])
+    plan = check_launch(eagle3(draft), tiny_target("DeepseekV3ForCausalLM"), NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:2, layer_input:5, layer_input:7]")  # ids[0]==1: +1
+
+
+def test_unsupported_target_and_parallel_setups_are_refused(tmp_path):
+    draft = write_draft(tmp_path / "d")
+    with pytest.raises(ServingError, match=r"'MixtralForCausalLM' is not supported"):
+        check_launch(eagle3(draft), tiny_target("MixtralForCausalLM"), NO_ENV)
+    with pytest.raises(ServingError, match=r"(?s)2 problems.*--pp-size 2.*--enable-two-batch-overlap"):
+        check_launch(LaunchArgs("EAGLE3", str(draft), pp_size=2, two_batch_overlap=True),
+                     tiny_target(), NO_ENV)
+
+
+def test_problems_are_reported_together(tmp_path):
+    draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"],
+                        fc_in=2 * HIDDEN, vocab=32000)
+    with pytest.raises(LayoutMismatch) as err:
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+    msg = str(err.value)
+    assert msg.startswith("eagle3_backend refuses to start (")
+    for part in ("LayoutMismatch: draft fc expects 128", "LayoutError: layout", "CheckpointError: draft vocab_size"):
+        assert part in msg, msg
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("fc.weight", ("model.fc.weight", None)),
+    ("model.fc.weight", ("model.fc.weight", None)),
+    ("midlayer.self_attn.q_proj.weight", ("model.layers.0.self_attn.qkv_proj.weight", "q")),
+    ("layers.0.mlp.up_proj.weight", ("model.layers.0.mlp.gate_up_proj.weight", 1)),
+    ("aux_norm_mid.weight", (None, None)),  # fc_norm is off in this config
+    ("lm_head.weight", ("lm_head.weight", None)),
+    ("model.lm_head.weight", (None, None)),
+    ("embed_tokens.weight", ("model.embed_tokens.weight", None)),
+    ("d2t", ("<vocab map>", None)),
+    ("midlayer.hidden_norm.weight", ("model.layers.0.hidden_norm.weight", None)),
+])
+def test_sglang_loader_model(name, expected):
+    raw = {"num_hidden_layers": 1, "tie_word_embeddings": False, "draft_vocab_size": DRAFT_VOCAB}
+    params = checks.sglang_draft_params(raw, 3)
+    assert checks.sglang_load_target(name, params) == expected
+
+
+def test_sglang_params_follow_the_config_flags():
+    base = {"num_hidden_layers": 1}
+    assert "model.fc.bias" not in checks.sglang_draft_params(base, 3)
+    flags = checks.sglang_draft_params({**base, "bias": True, "fc_norm": True,
+                                        "eagle_config": {"norm_before_fc": True},
+                                        "tie_word_embeddings": True}, 3)
+    assert {"model.fc.bias", "model.layers.0.self_attn.o_proj.bias", "model.input_norm.weight",
+            "model.fc_norm.0.weight", "model.fc_norm.2.weight"} <= flags
+    assert "lm_head.weight" not in flags and "model.fc_norm.3.weight" not in flags
+
+
+def test_a_draft_sglang_cannot_load_as_eagle3_is_refused(tmp_path):
+    import json
+
+    draft = write_draft(tmp_path / "d")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["architectures"] = ["Eagle3Speculator"]
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"declares architectures \['Eagle3Speculator'\]; expected "
+                                              r"\['LlamaForCausalLMEagle3'\].*eagle3 convert"):
+        check_launch(eagle3(draft), tiny_target(), NO_ENV)

@@ -1,0 +1,160 @@
+"""The hook table: every row exists in the installed SGLang, the code uses nothing else,
+and a missing row stops start-up with one line naming the version and the target."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from eagle3_backend.serving import capture, hooks
+
+SERVING = Path(hooks.__file__).parent
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(autouse=True)
+def _sglang():
+    pytest.importorskip("sglang")
+
+
+def test_every_row_exists_in_the_installed_sglang():
+    assert hooks.sglang_version() == hooks.SUPPORTED_SGLANG
+    assert hooks.verify("all") == []
+
+
+def test_signature_normalization():
+    def f(self, a, b=1, *, c, d=2, **kw):
+        pass
+
+    def g(*args, x=None):
+        pass
+
+    assert hooks.signature_of(f) == "(self, a, b=, *, c, d=, **kw)"
+    assert hooks.signature_of(g) == "(*args, x=)"
+    assert hooks.signature_of(int) == hooks.CLASS
+
+
+def _sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(SERVING.glob("*.py"))}
+
+
+def test_only_the_table_resolves_sglang_names():
+    """No module of eagle3_backend.serving imports sglang; hooks.use() is the only way in."""
+    for name, text in _sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "sglang" for a in node.names), name
+            if isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "sglang", (name, node.module)
+
+
+def test_every_use_in_the_code_has_a_row_and_every_row_is_used():
+    used: set[str] = set()
+    for text in _sources().values():
+        used |= set(re.findall(r'hooks\.use\(\s*"([^"]+)"', text))
+        used |= set(re.findall(r'\buse\(\s*"([^"]+)"', text))
+    # module-level constants passed to use() in collect.py / runtime.py
+    used |= {m for name, text in _sources().items() if name != "hooks.py"
+             for m in re.findall(r'^[A-Z_]+ = "(sglang\.[^"]+)"', text, re.M)}
+    rows = {h.target for h in hooks.HOOKS}
+    assert used <= rows, used - rows
+    hook_rows = {h.target for h in hooks.HOOKS if h.kind != hooks.USE}
+    arch_rows = {h.target for h in hooks.HOOKS if h.group.startswith("arch:")}
+    overridden = {h.target for h in hooks.HOOKS if h.why.startswith(("overridden", "builds through"))}
+    # every USE row is either called through use(), a method a REPLACE subclass overrides,
+    # or a model file's capture rule that ServingPlan.model_ids() inverts
+    assert rows - hook_rows - arch_rows - overridden <= used, rows - hook_rows - arch_rows - overridden - used
+    assert arch_rows == {f"{a.model_class}.set_eagle3_layers_to_capture" for a in capture.ARCHS.values()} | {
+        "sglang.srt.models.qwen2_moe.Qwen2MoeModel.set_eagle3_layers_to_capture"}
+    assert {h.group for h in hooks.HOOKS if h.group.startswith("arch:")} == {
+        hooks.arch_group(a) for a in capture.ARCHS}
+
+
+def test_overridden_methods_are_the_ones_the_subclasses_define():
+    from eagle3_backend.serving import collect
+
+    classes = {"AuxHiddenStateList": collect.aux_list_class(), "AuxHiddenStatePacker": collect.aux_packer_class()}
+    for h in hooks.HOOKS:
+        if h.why == "overridden" or h.why.startswith("overridden by"):
+            owner, method = h.target.rsplit(".", 2)[-2:]
+            assert method in vars(classes[owner]), h.target
+
+
+def test_hook_handlers_resolve_and_match_their_kind():
+    for h in hooks.HOOKS:
+        if h.kind == hooks.USE:
+            continue
+        obj = hooks.hook_object(h.target)
+        assert isinstance(obj, type) == (h.kind == hooks.REPLACE), h.target
+        if h.kind == hooks.REPLACE:
+            assert issubclass(obj, hooks.use(h.target))
+
+
+def test_missing_target_fails_closed_with_one_line(monkeypatch):
+    from eagle3_backend.serving import plugin
+
+    real = hooks._resolve
+
+    def resolve(target):
+        if target == "sglang.srt.server_args.ServerArgs.check_server_args":
+            raise AttributeError("type object 'ServerArgs' has no attribute 'check_server_args'")
+        return real(target)
+
+    monkeypatch.setattr(hooks, "_resolve", resolve)
+    registered = []
+    monkeypatch.setattr(hooks, "register", lambda group: registered.append(group) or [])
+    with pytest.raises(SystemExit) as stop:
+        plugin()
+    line = str(stop.value)
+    assert "\n" not in line
+    assert line.startswith("eagle3_backend: SGLang 0.5.23 lacks hook target "
+                           "sglang.srt.server_args.ServerArgs.check_server_args")
+    assert "SGLANG_PLUGINS" in line and "sglang==0.5.23" in line
+    assert registered == []  # nothing registered: no half-patched SGLang
+
+
+def test_changed_signature_fails_closed(monkeypatch):
+    row = hooks.Hook("sglang.srt.layers.logits_processor.LogitsProcessor.forward", hooks.USE,
+                     "(self, input_ids)", "main")
+    monkeypatch.setattr(hooks, "HOOKS", (row,))
+    monkeypatch.setattr(hooks, "_BY_TARGET", {row.target: row})
+    (problem,) = hooks.verify("main")
+    assert problem.startswith("has hook target sglang.srt.layers.logits_processor.LogitsProcessor.forward "
+                              "with signature (self, input_ids, hidden_states, lm_head")
+    assert problem.endswith("expected (self, input_ids)")
+
+
+def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
+    from eagle3_backend.serving import checks, plugin, runtime
+    from eagle3_backend.serving.capture import ServingPlan
+
+    calls: list[tuple[str, str]] = []
+    real = hooks._resolve
+
+    def fake_register(target, hook, hook_type=None, *, source=None):  # HookRegistry.register's shape
+        calls.append((target, hook_type.value))
+
+    def resolve(target):
+        if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
+            return fake_register
+        return real(target)
+
+    monkeypatch.setattr(hooks, "_resolve", resolve)
+    monkeypatch.delenv(checks.PLAN_ENV, raising=False)
+    plugin()
+    assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after")]
+    calls.clear()
+    plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
+                       hidden_size=8, draft_path="d", layout_source="explicit")
+    monkeypatch.setenv(checks.PLAN_ENV, plan.to_json())
+    runtime.process_plan.cache_clear()
+    try:
+        plugin()
+    finally:
+        runtime.process_plan.cache_clear()
+    assert calls == [(h.target, h.kind) for h in hooks.HOOKS
+                     if h.kind != hooks.USE and h.group in ("main", "serve")]
