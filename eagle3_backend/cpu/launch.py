@@ -1,0 +1,202 @@
+"""Start, query and stop a CPU SGLang server, bounded in time (tests, benchmarks, demos).
+
+``CpuServer`` runs ``python -m sglang.launch_server --device cpu ...`` in its
+own process group with ``SGLANG_USE_CPU_ENGINE=1``, waits until SGLang logs
+that it is ready (or gives up after ``start_timeout`` seconds), and on exit
+stops the whole group (SIGTERM, then SIGKILL). Requests go through
+``generate`` with a per-request timeout, so no caller can hang on a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+class ServerError(RuntimeError):
+    """The server did not start, died, or a request failed."""
+
+
+def entry_point_site(pyproject: Path, dest: Path) -> Path:
+    """A directory to put on PYTHONPATH so that SGLang discovers this package's entry points.
+
+    When the installed distribution already declares every entry point of
+    ``pyproject`` (``pip install -e .``), ``dest`` stays empty. Otherwise it
+    gets an ``eagle3_backend-<version>.dist-info`` whose ``entry_points.txt``
+    is generated from the ``[project.entry-points.*]`` tables, so the servers
+    see exactly what the package declares (the CPU platform, the serving plugin).
+    """
+    import tomllib
+    from importlib.metadata import entry_points
+
+    project = tomllib.loads(Path(pyproject).read_text())["project"]
+    declared = {g: dict(eps) for g, eps in project.get("entry-points", {}).items()}
+    dest.mkdir(parents=True, exist_ok=True)
+    if all(any(ep.name == n and ep.value == v for ep in entry_points(group=g))
+           for g, eps in declared.items() for n, v in eps.items()):
+        return dest
+    info = dest / f"eagle3_backend-{project['version']}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = []
+    for group, eps in declared.items():
+        lines += [f"[{group}]", *(f"{n} = {v}" for n, v in eps.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """What to serve. ``draft`` None means target-only; the speculative fields follow SGLang's flags."""
+
+    target: str
+    draft: str | None = None
+    num_steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int = 4
+    dtype: str = "float32"
+    max_total_tokens: int = 4096
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.draft is not None and self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(
+                f"chain speculation (topk=1) verifies num_steps + 1 = {self.num_steps + 1} tokens; "
+                f"got num_draft_tokens={self.num_draft_tokens}. Pass num_draft_tokens="
+                f"{self.num_steps + 1} or topk > 1.")
+
+    def args(self, port: int) -> list[str]:
+        out = ["--model-path", self.target, "--device", "cpu", "--dtype", self.dtype,
+               "--max-total-tokens", str(self.max_total_tokens),
+               "--host", "127.0.0.1", "--port", str(port)]
+        if self.draft is not None:
+            out += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", self.draft,
+                    "--speculative-num-steps", str(self.num_steps),
+                    "--speculative-eagle-topk", str(self.topk),
+                    "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        return out + list(self.extra_args)
+
+
+@dataclass
+class CpuServer:
+    """Context manager around one server process group."""
+
+    spec: ServerSpec
+    log_path: Path
+    pythonpath: tuple[str, ...] = ()
+    start_timeout: float = 600.0
+    env_extra: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(self.env_extra)
+        return env
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> "CpuServer":
+        self.port = self.port or free_port()
+        cmd = [sys.executable, "-m", "sglang.launch_server", *self.spec.args(self.port)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting %s", " ".join(cmd))
+        with open(self.log_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
+                                         start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_text()[-3000:]
+                self.stop()
+                raise ServerError(f"server exited with code {self.proc.returncode} before it was "
+                                  f"ready; log {self.log_path} ends:\n{tail}")
+            if READY_LINE in self.log_text():
+                return self
+            time.sleep(1.0)
+        self.stop()
+        raise ServerError(f"server not ready after {self.start_timeout:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        """Stop every process of the group this object started."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.warning("server launcher %d did not exit", pgid)
+
+    def __enter__(self) -> "CpuServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def post(self, path: str, body: bytes | dict, timeout: float = 300.0) -> tuple[int, Any]:
+        """POST and return (HTTP status, parsed JSON or raw text). Never raises on HTTP errors."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float = 300.0) -> dict:
+        """Greedy generation; returns SGLang's response (output_ids, meta_info)."""
+        status, out = self.post("/generate", {
+            "input_ids": input_ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+        }, timeout=timeout)
+        if status != 200 or not isinstance(out, dict):
+            raise ServerError(f"/generate returned HTTP {status}: {str(out)[:500]}")
+        return out

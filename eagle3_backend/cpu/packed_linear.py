@@ -1,0 +1,131 @@
+"""Prepacked oneDNN weights for SGLang's unquantized linear layers and LM heads on CPU.
+
+Why: ``F.linear`` on CPU runs a matrix-vector product for one token but a
+GEMM for a few (a 4-token verify, a topk-wide draft step), and that GEMM
+repacks the whole weight matrix on every call: measured on SmolLM2's
+49152 x 576 LM head, 4 rows cost 2.5-3.5x one row. A weight packed once
+(``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
+``torch.ops.mkldnn._linear_pointwise`` costs about the same for 1, 4 or 8
+rows, which is what makes a verify step cheap relative to a decode step.
+
+How: the platform's ``post_load_model`` hook (SGLang calls it once per
+loaded model, target and draft) swaps the ``quant_method`` of every layer
+that uses SGLang's ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``
+for a subclass whose ``apply`` multiplies with the packed weight. The packed
+copy is made on first use and remade whenever the layer's weight tensor is
+replaced or modified in place (checked by identity and version counter on
+every call), so weight reloads and the EAGLE draft's shared embeddings stay
+correct. Embedding lookups keep using the plain weight.
+
+Results equal ``F.linear`` up to fp32 summation order (a different GEMM
+kernel), never worse than a different BLAS. Costs one packed copy of each
+weight in memory. ``EAGLE3_CPU_PACKED_LINEAR=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+ENV = "EAGLE3_CPU_PACKED_LINEAR"
+_PACK_HINT_ROWS = 4  # oneDNN's layout hint; the packed weight serves any row count
+_STATE = "_eagle3_packed_weight"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def supports(dtype: torch.dtype) -> bool:
+    """True when this torch build can pack and multiply weights of ``dtype`` with oneDNN."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def _packed(layer: torch.nn.Module) -> torch.Tensor:
+    w = layer.weight
+    state = layer.__dict__.get(_STATE)
+    if state is None or state[0] is not w or state[1] != w._version:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_HINT_ROWS)
+        state = (w, w._version, packed)
+        layer.__dict__[_STATE] = state
+    return state[2]
+
+
+def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, layer.weight, bias)`` through the layer's packed weight.
+
+    x: [..., K] -> [..., N]. Falls back to F.linear for inputs the packed
+    kernel does not take (other dtype, not on CPU, no rows).
+    """
+    w = layer.weight
+    if (x.dtype != w.dtype or x.device.type != "cpu" or w.dim() != 2 or x.numel() == 0
+            or (bias is not None and bias.dtype != w.dtype)):
+        return F.linear(x, w, bias)
+    x2 = x.reshape(-1, x.shape[-1])                                    # [M, K]
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(x2, _packed(layer), bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _method_classes():
+    from sglang.srt.layers.quantization.unquant import (
+        UnquantizedEmbeddingMethod,
+        UnquantizedLinearMethod,
+    )
+
+    class PackedCpuLinearMethod(UnquantizedLinearMethod):
+        """SGLang's unquantized linear, multiplied through a prepacked oneDNN weight."""
+
+        def apply(self, layer, x, bias=None):
+            return packed_linear(layer, x, bias)
+
+    class PackedCpuLMHeadMethod(UnquantizedEmbeddingMethod):
+        """SGLang's unquantized embedding/LM head: lookups unchanged, logits packed.
+
+        Its class name is not in SGLang's list of unquantized LM-head methods, so
+        the logits processor calls ``apply`` instead of its own matmul.
+        """
+
+        def apply(self, layer, x, bias=None):
+            return packed_linear(layer, x, bias)
+
+    return UnquantizedLinearMethod, UnquantizedEmbeddingMethod, PackedCpuLinearMethod, PackedCpuLMHeadMethod
+
+
+def pack_model(model: torch.nn.Module) -> int:
+    """Swap the quant method of every unquantized CPU linear / vocab layer in ``model``.
+
+    Returns how many layers now multiply through packed weights.
+    """
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    linear_cls, embed_cls, packed_linear_cls, packed_head_cls = _method_classes()
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if method is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
+            continue
+        if not supports(weight.dtype):
+            continue
+        if type(method) is linear_cls:
+            module.quant_method = packed_linear_cls()
+            count += 1
+        elif type(method) is embed_cls and isinstance(module, VocabParallelEmbedding):
+            module.quant_method = packed_head_cls()
+            count += 1
+    logger.info("eagle3_backend.cpu: %d linear layers of %s multiply through packed oneDNN weights",
+                count, type(model).__name__)
+    return count

@@ -1,0 +1,69 @@
+"""``Eagle3CpuPlatform``: SGLang's in-tree CPU platform, served by this package's ops.
+
+It is the in-tree ``CpuSRTPlatform`` (so every ``is_cpu()`` code path in
+SGLang stays the same) with one fact changed: SGLang asks
+``get_platform().has_amx`` whether the ``intel_amx`` attention backend's
+kernels exist, and rewrites ``--attention-backend intel_amx`` to
+``torch_native`` when they do not; torch_native cannot run EAGLE. With the
+stand-in ``sgl_kernel`` installed those kernels exist
+(``torch.ops.sgl_kernel.extend_attention_cpu`` / ``decode_attention_cpu``),
+so the platform overrides that fact for the process, through SGLang's own
+``runtime_context.override_platform``.
+
+After each model loads, ``post_load_model`` moves its unquantized linear
+layers onto prepacked oneDNN weights (``packed_linear``; off with
+``EAGLE3_CPU_PACKED_LINEAR=0``).
+
+Layers that test AMX themselves (``cpu_has_amx_support()``: the real probe,
+true only with the compiled ``convert_weight_packed``) keep their native
+torch paths, so no weight is repacked for kernels this package lacks.
+
+Imported only by SGLang's platform resolution (after ``entry.activate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sglang.srt.platforms.cpu import CpuSRTPlatform
+
+logger = logging.getLogger(__name__)
+
+_overridden = False
+
+
+def _declare_attention_kernels() -> None:
+    global _overridden
+    if _overridden:
+        return
+    from sglang.srt.runtime_context import override_platform
+
+    override_platform(has_amx=True).install()
+    _overridden = True
+    logger.info("eagle3_backend.cpu: intel_amx attention backend served by torch ops")
+
+
+class Eagle3CpuPlatform(CpuSRTPlatform):
+    """CPU platform whose sgl_kernel ops come from eagle3_backend.cpu.ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _declare_attention_kernels()
+
+    def apply_server_args_defaults(self, server_args) -> None:
+        """Default ``--sleep-on-idle`` on: an idle CPU scheduler otherwise spins a core at
+        100%, which on a small machine is taken straight from the model's own threads."""
+        if not getattr(server_args, "sleep_on_idle", True):
+            server_args.sleep_on_idle = True
+
+    def post_load_model(self, model) -> None:
+        """Pack linear weights once so that few-row GEMMs (verify, tree drafts) stay cheap."""
+        from eagle3_backend.cpu import packed_linear
+        from eagle3_backend.cpu.ops import registry
+
+        logger.info("eagle3_backend.cpu platform: %s loaded; %d sgl_kernel ops from torch "
+                    "(stand-in module), GOMP_SPINCOUNT=%s", type(model).__name__,
+                    len(registry.registered()), os.environ.get("GOMP_SPINCOUNT", "unset"))
+        if packed_linear.enabled():
+            packed_linear.pack_model(model)

@@ -1,0 +1,155 @@
+"""extend_attention_cpu / decode_attention_cpu against the plain-loop reference.
+
+Shapes follow SGLang's MHA pool: a shared cache of S rows, requests mapped to
+scattered rows through req_to_token; GQA with 6 query heads over 2 KV heads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpu_testutil import assert_close_report
+from eagle3_backend.cpu.ops import reference
+
+HQ, HKV, D, DV = 6, 2, 16, 16
+S, POOL_LEN = 96, 32
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (3e-2, 3e-2)}
+
+
+def _setup(seed: int, seq_lens: list[int], dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    k_buf = torch.randn(S, HKV, D, generator=g).to(dtype)
+    v_buf = torch.randn(S, HKV, DV, generator=g).to(dtype)
+    rows = torch.randperm(S - 1, generator=g)[: sum(seq_lens)] + 1   # row 0 is SGLang's padding slot
+    req_to_token = torch.zeros(4, POOL_LEN, dtype=torch.int32)
+    rpi = torch.tensor([2, 0, 3][: len(seq_lens)], dtype=torch.int64)
+    off = 0
+    for b, n in enumerate(seq_lens):
+        req_to_token[rpi[b], :n] = rows[off:off + n].int()
+        off += n
+    return g, k_buf, v_buf, req_to_token, rpi
+
+
+def _extend_case(seed, prefix, ext, dtype=torch.float32):
+    seq = [p + e for p, e in zip(prefix, ext)]
+    g, k_buf, v_buf, rtt, rpi = _setup(seed, seq, dtype)
+    n = sum(ext)
+    q = torch.randn(n, HQ, D, generator=g).to(dtype)
+    k_ext = torch.randn(n, HKV, D, generator=g).to(dtype)
+    v_ext = torch.randn(n, HKV, DV, generator=g).to(dtype)
+    start = torch.tensor([sum(ext[:b]) for b in range(len(ext))], dtype=torch.int32)
+    return dict(q=q, k_ext=k_ext, v_ext=v_ext, k_buf=k_buf, v_buf=v_buf, rtt=rtt, rpi=rpi,
+                seq=torch.tensor(seq, dtype=torch.int64), ext=torch.tensor(ext, dtype=torch.int32),
+                start=start, max_ext=max(ext))
+
+
+def _run_extend(ops, c, *, logit_cap=0.0, window=0, sinks=None, tree_mask=None, causal=True,
+                k_from_cache=False):
+    o = torch.full_like(c["q"][..., :DV], float("nan"))
+    k_ext, v_ext = (None, None) if k_from_cache else (c["k_ext"], c["v_ext"])
+    ops.extend_attention_cpu(c["q"], k_ext, v_ext, o, c["k_buf"], c["v_buf"], 1.0, 1.0, c["rtt"],
+                             c["rpi"], c["seq"], c["ext"], c["start"], c["max_ext"], D ** -0.5,
+                             logit_cap, False, window, None, sinks, tree_mask, causal)
+    return o
+
+
+def _ref_extend(c, **kw):
+    return reference.extend_attention(c["q"], c["k_ext"], c["v_ext"], c["k_buf"], c["v_buf"], c["rtt"],
+                                      c["rpi"], c["seq"], c["ext"], c["start"], D ** -0.5, **kw)
+
+
+@pytest.mark.parametrize("variant", ["plain", "logit_cap", "sinks", "window", "not_causal"])
+def test_extend_matches_reference(sgl_ops, variant):
+    c = _extend_case(1, prefix=[0, 5, 9], ext=[4, 1, 3])
+    kw = {"plain": {}, "logit_cap": {"logit_cap": 2.0}, "window": {"window": 4},
+          "sinks": {"sinks": torch.linspace(-1.0, 1.5, HQ)}, "not_causal": {"causal": False}}[variant]
+    ref_kw = {("window_plus_one" if k == "window" else "is_causal" if k == "causal" else k): v
+              for k, v in kw.items()}
+    got = _run_extend(sgl_ops, c, **kw)
+    assert_close_report(got, _ref_extend(c, **ref_kw), *TOL[torch.float32], what=f"extend {variant}")
+
+
+def test_extend_reads_extend_kv_from_cache_when_not_given(sgl_ops):
+    c = _extend_case(2, prefix=[3, 0], ext=[2, 5])
+    # SGLang's KV-shared layers pass k=v=None after another layer wrote the cache.
+    for b in range(2):
+        p, e, s0 = int(c["seq"][b] - c["ext"][b]), int(c["ext"][b]), int(c["start"][b])
+        slots = c["rtt"][c["rpi"][b], p:p + e].long()
+        c["k_buf"][slots] = c["k_ext"][s0:s0 + e]
+        c["v_buf"][slots] = c["v_ext"][s0:s0 + e]
+    got = _run_extend(sgl_ops, c, k_from_cache=True)
+    assert_close_report(got, _ref_extend(c), *TOL[torch.float32], what="extend k from cache")
+
+
+def test_extend_tree_mask_restricts_draft_block(sgl_ops):
+    # Verify with a 4-node tree: 0 -> {1, 2}, 1 -> 3. Rows = query, cols = visible draft node.
+    tree = torch.tensor([[1, 0, 0, 0],
+                         [1, 1, 0, 0],
+                         [1, 0, 1, 0],
+                         [1, 1, 0, 1]], dtype=torch.bool)
+    c = _extend_case(3, prefix=[6, 2], ext=[4, 4])
+    mask = torch.cat([tree.flatten(), tree.flatten()])
+    got = _run_extend(sgl_ops, c, tree_mask=mask)
+    assert_close_report(got, _ref_extend(c, tree_mask=mask), *TOL[torch.float32], what="tree verify")
+    # node 2 must not see node 1: it differs from plain causal attention
+    causal = _run_extend(sgl_ops, c)
+    assert not torch.allclose(got[2], causal[2])
+    assert torch.allclose(got[1], causal[1], atol=1e-6)
+
+
+def test_extend_bf16_close_to_fp64_reference(sgl_ops):
+    c = _extend_case(4, prefix=[7, 0], ext=[3, 6], dtype=torch.bfloat16)
+    got = _run_extend(sgl_ops, c)
+    assert got.dtype == torch.bfloat16
+    assert_close_report(got, _ref_extend(c), *TOL[torch.bfloat16], what="extend bf16")
+
+
+def _decode_case(seed, seq, dtype=torch.float32):
+    g, k_buf, v_buf, rtt, rpi = _setup(seed, seq, dtype)
+    bsz = len(seq)
+    q = torch.randn(bsz, HQ, D, generator=g).to(dtype)
+    k_new = torch.randn(bsz, HKV, D, generator=g).to(dtype)
+    v_new = torch.randn(bsz, HKV, DV, generator=g).to(dtype)
+    loc = torch.stack([rtt[rpi[b], seq[b] - 1].long() for b in range(bsz)])
+    return dict(q=q, k_new=k_new, v_new=v_new, k_buf=k_buf, v_buf=v_buf, rtt=rtt, rpi=rpi,
+                seq=torch.tensor(seq, dtype=torch.int64), loc=loc)
+
+
+@pytest.mark.parametrize("variant", ["plain", "logit_cap", "sinks", "window"])
+def test_decode_writes_kv_then_matches_reference(sgl_ops, variant):
+    c = _decode_case(5, [1, 7, 12])
+    kw = {"plain": {}, "logit_cap": {"logit_cap": 1.5}, "window": {"window_plus_one": 5},
+          "sinks": {"sinks": torch.linspace(0.5, -2.0, HQ)}}[variant]
+    o = torch.full((3, HQ, DV), float("nan"))
+    logits = torch.zeros(3, HQ, 8, DV + 1)
+    sgl_ops.decode_attention_cpu(c["q"], c["k_buf"], c["v_buf"], 1.0, 1.0, o, c["k_new"], c["v_new"],
+                                 c["loc"], logits, c["rtt"], c["rpi"], c["seq"], D ** -0.5,
+                                 kw.get("logit_cap", 0.0), False, kw.get("window_plus_one", 0),
+                                 None, kw.get("sinks"))
+    assert torch.equal(c["k_buf"][c["loc"]], c["k_new"]) and torch.equal(c["v_buf"][c["loc"]], c["v_new"])
+    ref = reference.decode_attention(c["q"], c["k_buf"], c["v_buf"], c["rtt"], c["rpi"], c["seq"],
+                                     D ** -0.5, **kw)
+    assert_close_report(o, ref, *TOL[torch.float32], what=f"decode {variant}")
+
+
+def test_decode_equals_last_row_of_extend(sgl_ops):
+    # The same token attended by decode (1 query) and by extend (last of 4) agrees in fp32.
+    c = _extend_case(6, prefix=[9], ext=[4])
+    o_ext = _run_extend(sgl_ops, c)
+    slots = c["rtt"][c["rpi"][0], 9:13].long()
+    c["k_buf"][slots] = c["k_ext"]
+    c["v_buf"][slots] = c["v_ext"]
+    o_dec = torch.empty(1, HQ, DV)
+    sgl_ops.decode_attention_cpu(c["q"][3:4], c["k_buf"], c["v_buf"], 1.0, 1.0, o_dec, None, None,
+                                 slots[3:4], torch.zeros(1), c["rtt"], c["rpi"], c["seq"], D ** -0.5,
+                                 0.0, False, 0, None, None)
+    assert_close_report(o_dec[0], o_ext[3], 1e-6, 1e-6, what="decode vs extend last row")
+
+
+def test_cross_attention_is_refused_by_name(sgl_ops):
+    c = _decode_case(7, [3])
+    with pytest.raises(NotImplementedError, match="decode_attention_cpu.*cross attention"):
+        sgl_ops.decode_attention_cpu(c["q"], c["k_buf"], c["v_buf"], 1.0, 1.0, torch.empty(1, HQ, DV),
+                                     None, None, c["loc"], torch.zeros(1), c["rtt"], c["rpi"],
+                                     c["seq"], 1.0, 0.0, True, 0, None, None)

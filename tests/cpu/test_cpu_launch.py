@@ -1,0 +1,56 @@
+"""Server launch helpers (no server started here) and the GGUF -> HF target conversion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_backend.cpu.launch import ServerSpec, entry_point_site
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_server_spec_args_follow_sglang_flags():
+    spec = ServerSpec("/t", "/d", num_steps=2, topk=4, num_draft_tokens=6, extra_args=("--x",))
+    args = spec.args(1234)
+    assert args[args.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert args[args.index("--speculative-num-draft-tokens") + 1] == "6"
+    assert args[args.index("--port") + 1] == "1234" and args[-1] == "--x"
+    assert "--speculative-algorithm" not in ServerSpec("/t").args(1)
+
+
+def test_server_spec_refuses_inconsistent_chain():
+    with pytest.raises(ValueError, match="num_draft_tokens=4"):
+        ServerSpec("/t", "/d", num_steps=3, topk=1, num_draft_tokens=5)
+
+
+def test_entry_point_site_declares_the_pyproject_entry_points(tmp_path):
+    import tomllib
+
+    site = entry_point_site(REPO / "pyproject.toml", tmp_path / "site")
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared["sglang.srt.platforms"]["eagle3_cpu"] == "eagle3_backend.cpu.entry:activate"
+    infos = list(site.glob("*.dist-info"))
+    if infos:  # not pip-installed: the generated dist-info carries every declared group
+        text = (infos[0] / "entry_points.txt").read_text()
+        for group, eps in declared.items():
+            assert f"[{group}]" in text
+            for name, value in eps.items():
+                assert f"{name} = {value}" in text
+
+
+@pytest.mark.slow
+def test_converted_target_is_a_plain_fp32_llama_dir(smollm2_dir):
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in cfg
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
+    from safetensors import safe_open
+
+    with safe_open(str(smollm2_dir / "model.safetensors"), "pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+    assert emb.shape == (49152, 576) and str(emb.dtype) == "torch.float32"
+    assert (smollm2_dir / "tokenizer.json").is_file()
+    assert "im_start" in (smollm2_dir / "chat_template.jinja").read_text()

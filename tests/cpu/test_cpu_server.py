@@ -1,0 +1,158 @@
+"""Real SGLang EAGLE-3 serving on this CPU: speculative output == target-only output (fp32).
+
+Four bounded server launches on the bundled SmolLM2-135M (fp32), one at a time:
+target-only (the reference), EAGLE-3 chain with a random draft (default
+layout), after a restart EAGLE-3 with the echo draft (a second, different
+layout with an ``embed`` slot; accepted on repetitive text), and EAGLE-3
+tree (topk 4) with the echo draft. Every request is greedy, sequential and
+time-bounded; every server process group is stopped by its fixture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpu_drafts import ECHO_LAYOUT, make_echo_draft, make_random_draft
+
+pytestmark = [pytest.mark.server, pytest.mark.sglang]
+
+NUM_MTBENCH = 10
+MTBENCH_NEW_TOKENS = 24
+# SmolLM2 answers the first with " apple" x N (one token repeated: the echo draft's
+# proposals all match) and the second with "Banana Banana ..." (two tokens per word).
+REPEAT_PROMPTS = ("Repeat the word 'apple' twenty times, separated by spaces.",
+                  "Repeat the word 'banana' twenty times, separated by spaces.")
+REPEAT_NEW_TOKENS = 32
+START_TIMEOUT = 420.0
+REQUEST_TIMEOUT = 240.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_dir: Path) -> dict[str, tuple[list[int], int]]:
+    """name -> (input ids through the chat template, max_new_tokens)."""
+    import transformers
+
+    from eagle3_backend.verify.datasets import Prompt, read_mtbench, render_prompt
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_dir))
+    out = {p.id: (render_prompt(tok, p), MTBENCH_NEW_TOKENS) for p in read_mtbench(limit=NUM_MTBENCH)}
+    for i, text in enumerate(REPEAT_PROMPTS):
+        out[f"repeat-{i}"] = (render_prompt(tok, Prompt(f"repeat-{i}", (("user", text),))), REPEAT_NEW_TOKENS)
+    assert len(out) == NUM_MTBENCH + len(REPEAT_PROMPTS)
+    return out
+
+
+def _server(spec, plugin_site: Path, log: Path):
+    from eagle3_backend.cpu.launch import CpuServer
+
+    return CpuServer(spec, log, pythonpath=(str(plugin_site), str(REPO)), start_timeout=START_TIMEOUT)
+
+
+def _run_all(server, prompts) -> dict[str, dict]:
+    return {name: server.generate(ids, n, timeout=REQUEST_TIMEOUT) for name, (ids, n) in prompts.items()}
+
+
+def _assert_same_tokens(got: dict[str, dict], ref: dict[str, dict], what: str) -> None:
+    for name, r in ref.items():
+        a, b = got[name]["output_ids"], r["output_ids"]
+        if a != b:
+            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            raise AssertionError(f"{what}: prompt {name} diverges from target-only at output token {i}: "
+                                 f"{a[i:i + 5]} vs {b[i:i + 5]} (lengths {len(a)}, {len(b)})")
+
+
+def _offline_acceptance(target_dir: Path, draft_dir: Path, prompts, names, steps, topk, n):
+    """The offline verifier's (acceptance length, output ids) per prompt, same draft and settings."""
+    from eagle3_backend.verify.engine import SpeculativeEngine, load_draft_model
+    from eagle3_backend.verify.metrics import acceptance_length
+    from eagle3_backend.verify.targets import load_target
+    from eagle3_backend.verify.tree import SpecSettings
+
+    target = load_target(str(target_dir), dtype="float32")
+    engine = SpeculativeEngine(target, load_draft_model(draft_dir, target), SpecSettings(steps, topk, n))
+    out = {}
+    for name in names:
+        ids, max_new = prompts[name]
+        res = engine.generate(ids, max_new)
+        out[name] = (acceptance_length(res.completion_tokens, res.verify_steps), res.tokens)
+    return out
+
+
+def _accept_length(out: dict) -> float:
+    meta = out["meta_info"]
+    assert "spec_accept_length" in meta and meta["spec_verify_ct"] > 0, meta
+    return float(meta["spec_accept_length"])
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(prompts, smollm2_dir, plugin_site, tmp_path_factory) -> dict[str, dict]:
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    log = tmp_path_factory.mktemp("srv") / "target_only.log"
+    with _server(ServerSpec(str(smollm2_dir)), plugin_site, log) as srv:
+        outs = _run_all(srv, prompts)
+        text = srv.log_text()
+    assert "eagle3_backend.cpu platform: LlamaForCausalLM loaded" in text
+    assert "'attention_backend': 'intel_amx'" in text
+    for name, out in outs.items():
+        assert len(out["output_ids"]) > 0, name
+        assert "spec_accept_length" not in out["meta_info"]
+    return outs
+
+
+def test_chain_spec_equals_target_and_survives_bad_requests(
+        reference_outputs, prompts, smollm2_dir, plugin_site, tmp_path):
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    draft = make_random_draft(tmp_path / "random-draft", smollm2_dir)
+    spec = ServerSpec(str(smollm2_dir), str(draft), num_steps=3, topk=1, num_draft_tokens=4)
+    with _server(spec, plugin_site, tmp_path / "chain.log") as srv:
+        outs = _run_all(srv, prompts)
+        bad = {
+            "bad json": srv.post("/generate", b'{"text": "hi", "sampling_params": {"max_new_tokens": 4'),
+            "negative max_new_tokens": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}),
+            "unknown sampling field": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "bogus": 1}}),
+            "not an object": srv.post("/generate", b"[1, 2]"),
+        }
+        name, (ids, n) = next(iter(prompts.items()))
+        after = srv.generate(ids, n, timeout=REQUEST_TIMEOUT)
+    _assert_same_tokens(outs, reference_outputs, "EAGLE-3 chain, random draft")
+    for what, (status, body) in bad.items():
+        assert 400 <= status < 500, f"{what}: HTTP {status} {str(body)[:200]}"
+    assert after["output_ids"] == reference_outputs[name]["output_ids"], "server state changed after bad requests"
+    lengths = [_accept_length(o) for o in outs.values()]
+    assert all(1.0 <= a <= 4.0 for a in lengths), lengths
+
+
+def test_second_draft_layout_after_restart_accepts(reference_outputs, prompts, smollm2_dir, plugin_site, tmp_path):
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    draft = make_echo_draft(tmp_path / "echo-draft", smollm2_dir)
+    spec = ServerSpec(str(smollm2_dir), str(draft), num_steps=3, topk=1, num_draft_tokens=4)
+    with _server(spec, plugin_site, tmp_path / "echo.log") as srv:
+        outs = _run_all(srv, prompts)
+        text = srv.log_text()
+    _assert_same_tokens(outs, reference_outputs, f"EAGLE-3 chain, echo draft {ECHO_LAYOUT}")
+    assert f"EAGLE-3 layout {ECHO_LAYOUT} -> fc input 1728 (checked)" in text
+    # 3 drafts + 1 bonus per step while the target keeps repeating one token
+    assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]
+    names = [f"repeat-{i}" for i in range(len(REPEAT_PROMPTS))]
+    offline = _offline_acceptance(smollm2_dir, draft, prompts, names, 3, 1, 4)
+    for name in names:
+        length, tokens = offline[name]
+        assert tokens == outs[name]["output_ids"], f"{name}: offline verifier output differs from SGLang's"
+        assert abs(length - _accept_length(outs[name])) <= 0.1, (name, length, _accept_length(outs[name]))
+
+
+def test_tree_topk4_equals_target(reference_outputs, prompts, smollm2_dir, plugin_site, tmp_path):
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    draft = make_echo_draft(tmp_path / "echo-draft", smollm2_dir)
+    spec = ServerSpec(str(smollm2_dir), str(draft), num_steps=3, topk=4, num_draft_tokens=8)
+    with _server(spec, plugin_site, tmp_path / "tree.log") as srv:
+        outs = _run_all(srv, prompts)
+    _assert_same_tokens(outs, reference_outputs, "EAGLE-3 tree topk 4, echo draft")
+    assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]
