@@ -7,6 +7,7 @@
     eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
     eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE.jsonl [--json]
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
+    eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE.jsonl] [--minutes M]
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
@@ -327,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     from eagle3_backend.verify.cli import add_bench_parser, add_eval_parser
     add_eval_parser(sub)
     add_bench_parser(sub)
+    from eagle3_backend.train.cli import add_train_parser
+    add_train_parser(sub)
     return p
 
 

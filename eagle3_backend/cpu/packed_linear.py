@@ -5,8 +5,9 @@ GEMM for a few (a 4-token verify, a topk-wide draft step), and that GEMM
 repacks the whole weight matrix on every call: measured on SmolLM2's
 49152 x 576 LM head, 4 rows cost 2.5-3.5x one row. A weight packed once
 (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
-``torch.ops.mkldnn._linear_pointwise`` costs about the same for 1, 4 or 8
-rows, which is what makes a verify step cheap relative to a decode step.
+``torch.ops.mkldnn._linear_pointwise`` costs about the same for 4 rows as
+F.linear for one, which is what makes a verify step cheap relative to a
+decode step. One row keeps F.linear (see ``packed_linear``).
 
 How: the platform's ``post_load_model`` hook (SGLang calls it once per
 loaded model, target and draft) swaps the ``quant_method`` of every layer
@@ -63,16 +64,20 @@ def _packed(layer: torch.nn.Module) -> torch.Tensor:
 
 
 def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, layer.weight, bias)`` through the layer's packed weight.
+    """``F.linear(x, layer.weight, bias)`` through the layer's packed weight for 2+ rows.
 
-    x: [..., K] -> [..., N]. Falls back to F.linear for inputs the packed
-    kernel does not take (other dtype, not on CPU, no rows).
+    x: [..., K] -> [..., N]. One row stays on F.linear: its matrix-vector
+    product streams the plain weight faster than oneDNN reads the packed one
+    (whole-model sweep, SmolLM2-135M fp32: 93 ms vs 166 ms for one row; for
+    4 rows 202 ms vs 176 ms, and 69 ms vs 28 ms on the LM head alone).
+    Also falls back to F.linear for inputs the packed kernel does not take
+    (other dtype, not on CPU, no rows).
     """
     w = layer.weight
-    if (x.dtype != w.dtype or x.device.type != "cpu" or w.dim() != 2 or x.numel() == 0
+    x2 = x.reshape(-1, x.shape[-1])                                    # [M, K]
+    if (x2.shape[0] < 2 or x.dtype != w.dtype or x.device.type != "cpu" or w.dim() != 2
             or (bias is not None and bias.dtype != w.dtype)):
         return F.linear(x, w, bias)
-    x2 = x.reshape(-1, x.shape[-1])                                    # [M, K]
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     out = torch.ops.mkldnn._linear_pointwise(x2, _packed(layer), bias, "none", [], "")

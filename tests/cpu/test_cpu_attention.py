@@ -153,3 +153,18 @@ def test_cross_attention_is_refused_by_name(sgl_ops):
         sgl_ops.decode_attention_cpu(c["q"], c["k_buf"], c["v_buf"], 1.0, 1.0, torch.empty(1, HQ, DV),
                                      None, None, c["loc"], torch.zeros(1), c["rtt"], c["rpi"],
                                      c["seq"], 1.0, 0.0, True, 0, None, None)
+
+
+@pytest.mark.parametrize("variant", ["plain", "window", "tree"])
+def test_long_extend_sdpa_path_matches_reference(sgl_ops, monkeypatch, variant):
+    # Extends with many queries x keys go through torch's fused SDPA; force it on small shapes.
+    from eagle3_backend.cpu.ops import attention
+
+    monkeypatch.setattr(attention, "SDPA_MIN_SCORES", 1)
+    c = _extend_case(8, prefix=[5, 0], ext=[4, 4])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    mask = torch.cat([tree.flatten(), tree.flatten()])
+    kw, ref_kw = {"plain": ({}, {}), "window": ({"window": 3}, {"window_plus_one": 3}),
+                  "tree": ({"tree_mask": mask}, {"tree_mask": mask})}[variant]
+    assert_close_report(_run_extend(sgl_ops, c, **kw), _ref_extend(c, **ref_kw), *TOL[torch.float32],
+                        what=f"sdpa extend {variant}")

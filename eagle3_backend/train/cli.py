@@ -1,0 +1,345 @@
+"""``eagle3 train``: self-distilled data from a target, EAGLE-3 TTT training, an SGLang checkpoint.
+
+Wired into :mod:`eagle3_backend.cli` with ``add_train_parser(sub)`` in
+``build_parser()``; the subparser's ``func`` is :func:`run_train` (exit 0).
+
+    eagle3 train --out artifacts/smollm2-draft            # bundled SmolLM2 target, ShareGPT
+    eagle3 train --target T --dataset FILE.jsonl --out DIR --layout "[embed, layer_input:15]"
+
+Writes DIR/config.json + DIR/model.safetensors (SGLang format, the embedding
+taken from the target) and DIR/train_report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_backend.errors import Eagle3Error
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_train_parser", "run_train"]
+
+REPORT_NAME = "train_report.json"
+DATA_SHARE = 0.55      # of --minutes: generation stops here at the latest
+RESERVE_SHARE = 0.04   # of --minutes kept for the held-out pass and writing
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train", help="train an EAGLE-3 draft on the target's own answers (SGLang checkpoint)",
+        description="Generate the target's greedy answers to chat prompts while capturing the "
+                    "layout's hidden states, train a draft with training-time test, and write an "
+                    "SGLang-format checkpoint (embedding taken from the target) plus "
+                    "train_report.json.")
+    p.add_argument("--target", default="bundled",
+                   help="HF model dir or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--dataset", default="sharegpt",
+                   help="sharegpt | FILE.jsonl with {\"prompt\"} or {\"messages\"} rows "
+                        "(default sharegpt; MT-Bench questions are always excluded)")
+    p.add_argument("--out", required=True, metavar="DIR", help="new or empty checkpoint directory")
+    p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    p.add_argument("--layout", default=None,
+                   help="hidden-state layout, e.g. \"[embed, layer_input:15]\" (default: SGLang's "
+                        "default for the target)")
+    g = p.add_argument_group("data")
+    g.add_argument("--num-prompts", type=int, default=600, metavar="N",
+                   help="prompts to answer (default 600)")
+    g.add_argument("--max-new-tokens", type=int, default=128, metavar="M",
+                   help="answer tokens per prompt at most (default 128)")
+    g.add_argument("--max-prompt-tokens", type=int, default=256, metavar="P",
+                   help="skip prompts longer than this after the chat template (default 256)")
+    g.add_argument("--gen-batch", type=int, default=32, metavar="B",
+                   help="prompts generated together (default 32)")
+    g.add_argument("--vocab-prompts", type=int, default=4000, metavar="N",
+                   help="prompts whose text (tokenized only) ranks the draft vocabulary after "
+                        "the answer tokens (default 4000)")
+    g.add_argument("--cache-data", default=None, metavar="DIR",
+                   help="reuse / store the generated data under DIR/data-<settings hash>")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=None, metavar="S",
+                   help="optimizer steps (default: --epochs passes over the data)")
+    g.add_argument("--epochs", type=float, default=3.0, help="passes when --steps is not given (default 3)")
+    g.add_argument("--ttt-steps", type=int, default=3, metavar="K",
+                   help="draft steps unrolled in training (training-time test; default 3)")
+    g.add_argument("--draft-vocab", type=int, default=8192, metavar="V",
+                   help="draft vocabulary: the V most frequent answer tokens (default 8192)")
+    g.add_argument("--batch-tokens", type=int, default=4096, metavar="N",
+                   help="padded positions per optimizer step (default 4096)")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default 1e-3)")
+    g.add_argument("--heldout-fraction", type=float, default=0.05,
+                   help="share of answers held out for the top-1 report (default 0.05)")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help=f"wall-clock budget for the whole run: generation stops at "
+                        f"{round(DATA_SHARE * 100)}%% of it, training before its end "
+                        "(default: none)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
+                   help="dtype of the written weights (training runs in float32; default bfloat16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: safest on a shared machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_train)
+    return p
+
+
+# --------------------------------------------------------------------------- pieces
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise Eagle3Error(f"--out {out} exists and is not an empty directory; expected a new or "
+                          "empty directory. Pass --force to replace it.")
+
+
+def _mtbench_texts() -> set[str]:
+    from eagle3_backend.verify.datasets import DatasetError, read_mtbench
+
+    try:
+        return {p.text.strip() for p in read_mtbench()}
+    except DatasetError:  # package absent: nothing to exclude
+        return set()
+
+
+def _prompts(dataset: str, seed: int) -> tuple[list[Any], int]:
+    """All prompts of the dataset minus MT-Bench questions, in a seeded random order."""
+    from eagle3_backend.verify.datasets import load_prompts
+
+    key = dataset.strip().lower()
+    if key in ("mt-bench", "mtbench", "mt_bench"):
+        raise Eagle3Error("--dataset mt-bench is the evaluation set; training on it would "
+                          "inflate `eagle3 eval`. Use sharegpt or a FILE.jsonl.")
+    prompts = load_prompts(dataset)
+    banned = _mtbench_texts()
+    kept = [p for p in prompts if p.text.strip() not in banned]
+    random.Random(seed).shuffle(kept)
+    return kept, len(prompts) - len(kept)
+
+
+def _data_settings(args: argparse.Namespace, target_path: Path, layout: Any) -> dict[str, Any]:
+    st = target_path.stat()
+    return {"target": str(target_path.resolve()), "target_size": st.st_size,
+            "dataset": args.dataset, "num_prompts": args.num_prompts,
+            "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+            "layout": layout.to_strings(), "seed": args.seed, "store_dtype": "bfloat16",
+            "vocab_prompts": args.vocab_prompts}
+
+
+def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
+              deadline: float | None, progress: bool) -> tuple[Any, dict[str, Any]]:
+    from eagle3_backend.train.data import data_key, generate_data, load_data, save_data
+
+    settings = _data_settings(args, target_path, layout)
+    cache_dir = None
+    if args.cache_data:
+        cache_dir = Path(args.cache_data) / f"data-{data_key(settings)}"
+        if (cache_dir / "meta.json").is_file():
+            logger.info("reusing training data from %s", cache_dir)
+            data = load_data(cache_dir)
+            return data, {"source": "cache", "cache_dir": str(cache_dir)}
+    from eagle3_backend.verify.targets import load_target
+
+    t0 = time.perf_counter()
+    target = load_target(target_path, "float32", "cpu")
+    load_s = time.perf_counter() - t0
+    prompts, excluded = _prompts(args.dataset, args.seed)
+    data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,
+                         num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
+                         batch_size=args.gen_batch, seed=args.seed, deadline=deadline,
+                         progress=progress)
+    from eagle3_backend.train.data import prompt_token_counts
+
+    sample = prompts[:args.vocab_prompts]
+    data.prior_counts = prompt_token_counts(target.tokenizer, sample, target.vocab_size)
+    data.meta["vocab_prior_prompts"] = len(sample)
+    data.meta["mtbench_prompts_excluded"] = excluded
+    data.meta["target_load_seconds"] = round(load_s, 2)
+    if not data.sequences:
+        raise Eagle3Error("no answers were generated before the time budget ran out; "
+                          "raise --minutes or lower --num-prompts.")
+    info: dict[str, Any] = {"source": "generated"}
+    if cache_dir is not None and not data.meta.get("truncated_by_deadline"):
+        save_data(data, cache_dir)
+        info["cache_dir"] = str(cache_dir)
+    return data, info
+
+
+def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str) -> Any:
+    """One Llama decoder layer shaped like the target's (attention, MLP, rotary, context).
+
+    ``fc_norm``: an RMSNorm per layout slot before fc. Middle and late residual streams
+    carry a few massive activations (SmolLM2-135M: |x| up to ~25,000 on the first token,
+    typical dims ~1-40); unnormalised, they swamp the fc output and the residual the
+    draft layer adds to. SGLang 0.5.23 reads ``fc_norm`` from the draft config.
+    """
+    from eagle3_backend.config import DraftConfig
+
+    if t.num_attention_heads is None:
+        raise Eagle3Error(f"{t.source}: the target does not record num_attention_heads; the "
+                          "draft copies the target's attention shape. Use a target config.json "
+                          "or GGUF that records it.")
+    return DraftConfig(
+        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size or 4 * t.hidden_size,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads or t.num_attention_heads,
+        head_dim=t.head_dim, vocab_size=t.vocab_size, draft_vocab_size=draft_vocab,
+        target_hidden_size=t.hidden_size, layout=layout, rms_norm_eps=t.rms_norm_eps or 1e-6,
+        rope_theta=t.rope_theta or 10000.0,
+        max_position_embeddings=t.max_position_embeddings or 2048,
+        fc_norm=True, has_embed_tokens=False, dtype=dtype,
+    )
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The run as an ``eagle3 train`` command line with every setting spelled out."""
+    parts = ["eagle3", "train"]
+    for name, value in sorted(vars(args).items()):
+        if name in ("func", "command", "debug", "verbose") or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _round(xs: Any) -> Any:
+    if isinstance(xs, list):
+        return [None if x is None else round(x, 4) for x in xs]
+    return None if xs is None else round(xs, 4)
+
+
+# --------------------------------------------------------------------------- command
+def run_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from eagle3_backend.checkpoint import LoadedDraft, load_draft, save_sglang
+    from eagle3_backend.layout import Layout
+    from eagle3_backend.target import TargetInfo, bundled_target_path
+    from eagle3_backend.train.trainer import (
+        TrainSettings,
+        build_draft,
+        evaluate_top1,
+        expected_acceptance_length,
+        iter_state,
+        make_batches,
+        split_heldout,
+        summarize,
+        train_draft,
+    )
+    from eagle3_backend.train.vocab import build_vocab_map, token_counts
+    from eagle3_backend.verify.report import environment
+
+    t_start = time.perf_counter()
+    for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
+                 "vocab_prompts"):
+        if getattr(args, name) < 1:
+            raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.minutes is not None and not args.minutes > 0:
+        raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
+    torch.set_num_threads(args.threads)
+    settings = TrainSettings(ttt_steps=args.ttt_steps, steps=args.steps, epochs=args.epochs,
+                             batch_tokens=args.batch_tokens, lr=args.lr,
+                             heldout_fraction=args.heldout_fraction, seed=args.seed)
+    out = Path(args.out)
+    _check_out(out, args.force)
+    progress = not args.no_progress
+    target_path = (bundled_target_path() if args.target in (None, "bundled")
+                   else Path(args.target))
+    target_info = TargetInfo.from_path(target_path)
+    layout = (Layout.parse(args.layout) if args.layout else
+              Layout.engine_default("sglang", target_info.num_hidden_layers,
+                                    target_info.architecture))
+    layout.check_range(target_info.num_hidden_layers)
+    budget = args.minutes * 60 if args.minutes else None
+    data_deadline = t_start + DATA_SHARE * budget if budget else None
+    train_deadline = t_start + (1 - RESERVE_SHARE) * budget if budget else None
+
+    data, data_info = _get_data(args, target_path, layout, data_deadline, progress)
+    t_data = time.perf_counter()
+    train_seqs, held_seqs = split_heldout(data.sequences, settings.heldout_fraction, args.seed)
+    counts = token_counts([s.tokens[s.prompt_len:] for s in train_seqs], data.vocab_size)
+    vocab = build_vocab_map(counts, min(args.draft_vocab, data.vocab_size), data.prior_counts)
+    held_counts = token_counts([s.tokens[s.prompt_len:] for s in held_seqs], data.vocab_size)
+    cfg = _draft_config(target_info, layout, vocab.size, args.dtype)
+    torch.manual_seed(args.seed)
+    model = build_draft(cfg, data, vocab, seed=args.seed)
+    result = train_draft(model, train_seqs, held_seqs, vocab, data.lm_head, settings,
+                         deadline=train_deadline, progress=progress)
+    t_train = time.perf_counter()
+
+    state = dict(iter_state(result.model, cfg.torch_dtype))
+    loaded = LoadedDraft(
+        path=str(out), format="sglang", config=cfg, state_dict=state, layout_source="explicit",
+        layout_explanation=f"trained by eagle3 train on layout {layout}",
+        target_architecture=target_info.architecture,
+        target_num_layers=target_info.num_hidden_layers,
+    )
+    save_sglang(loaded, out, target=target_info, force=args.force)
+    # the report's held-out numbers are those of the weights as written (dtype cast)
+    written = load_draft(out, target=target_info, strict=True)
+    from eagle3_backend.model import Eagle3DraftModel
+
+    reread = Eagle3DraftModel(dataclasses.replace(written.config, dtype="float32"))
+    reread.load_state_dict({k: v.float() if v.is_floating_point() else v
+                            for k, v in written.state_dict.items()}, strict=True)
+    reread.set_target_embedding(data.embed)
+    head = data.lm_head[vocab.target_ids].float()
+    held_batches = make_batches(held_seqs, settings.batch_tokens, settings.ttt_steps)
+    held_saved = (evaluate_top1(reread, held_batches, vocab, head, settings.ttt_steps)
+                  if held_batches else None)
+    t_end = time.perf_counter()
+
+    summary = summarize(result)
+    held_top1 = held_saved.top1() if held_saved else None
+    report: dict[str, Any] = {
+        "command": _command(args),
+        "target": str(target_path),
+        "layout": layout.to_strings(),
+        "dataset": args.dataset,
+        "data": {**data_info, **{k: v for k, v in data.meta.items() if k != "ids"},
+                 "sequences": len(data.sequences), "answer_tokens": data.num_answer_tokens,
+                 "total_tokens": data.num_tokens},
+        "draft_vocab": {"size": vocab.size, "train_coverage": round(vocab.coverage(counts), 4),
+                        "heldout_coverage": round(vocab.coverage(held_counts), 4)},
+        "training": {**{k: _round(v) if isinstance(v, (float, list)) else v
+                        for k, v in summary.items()},
+                     "settings": dataclasses.asdict(settings)},
+        "heldout_top1_by_position": _round(held_top1),
+        "heldout_expected_acceptance_length": _round(
+            expected_acceptance_length(held_top1) if held_top1 else None),
+        "checkpoint": {"path": str(out), "dtype": args.dtype,
+                       "parameters": loaded.num_parameters, "has_embed_tokens": False},
+        "wall_seconds": {"data": round(t_data - t_start, 2), "train": round(t_train - t_data, 2),
+                         "write_and_heldout": round(t_end - t_train, 2),
+                         "total": round(t_end - t_start, 2)},
+        "threads": args.threads,
+        "minutes_budget": args.minutes,
+        **environment(),
+    }
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    _print_summary(report)
+    return 0
+
+
+def _print_summary(r: dict[str, Any]) -> None:
+    d, t = r["data"], r["training"]
+    fmt = lambda xs: ", ".join("-" if x is None else f"{x:.3f}" for x in xs) if xs else "-"  # noqa: E731
+    print(f"wrote {r['checkpoint']['path']} ({r['checkpoint']['parameters']:,} weights, "
+          f"{r['checkpoint']['dtype']}, layout {r['layout']})")
+    print(f"  data: {d['sequences']} answers, {d['answer_tokens']:,} answer tokens "
+          f"({d['source']}), draft vocab {r['draft_vocab']['size']} covers "
+          f"{r['draft_vocab']['heldout_coverage']:.1%} of held-out answer tokens")
+    print(f"  training: {t['steps']} steps in {t['train_seconds']:.0f} s, loss "
+          f"{t['loss_first']} -> {t['loss_last']}; train top-1 by position "
+          f"[{fmt(t['train_top1_by_position'])}]")
+    print(f"  held-out top-1 by position [{fmt(r['heldout_top1_by_position'])}], expected "
+          f"chain acceptance length {r['heldout_expected_acceptance_length']}")
+    w = r["wall_seconds"]
+    print(f"  wall: data {w['data']:.0f} s, train {w['train']:.0f} s, total {w['total']:.0f} s; "
+          f"report {Path(r['checkpoint']['path']) / REPORT_NAME}")

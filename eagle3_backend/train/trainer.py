@@ -1,0 +1,477 @@
+"""EAGLE-3 draft training with training-time test (TTT).
+
+Row ``i`` of a sequence pairs token ``x_{i+1}`` with the target's layout states
+at ``i`` and predicts ``x_{i+2}``, as the verifier and SGLang draft
+(:mod:`eagle3_backend.verify.tree`). TTT unrolls ``ttt_steps`` draft steps the
+way drafting runs them: step ``j`` feeds row ``i`` the token ``x_{i+1+j}``, the
+draft's *own* hidden from step ``j-1`` and rotary position ``i + j``, and its
+attention sees the step-0 keys of rows ``<= i`` plus row ``i``'s keys of steps
+``1..j`` (the drafted chain above a committed prefix)::
+
+    keys:       step 0 (T)   step 1 (T)  ...  step j (T)
+    step j, i:  [0..i]       [i]              [i]
+
+The loss at step ``j`` is the cross-entropy between the draft's distribution
+and the target's next-token distribution at position ``i+1+j`` restricted to
+the draft vocabulary (recomputed from the stored final-normed hidden state),
+on answer rows (``i >= prompt_len - 1``) whose target token is in the draft
+vocabulary, weighted ``step_weight ** j``. Top-1 accuracy counts a row right
+when the draft's argmax, mapped to a target id, is the target's greedy token
+``x_{i+2+j}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from eagle3_backend.config import DraftConfig
+from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.model import Eagle3DraftModel
+from eagle3_backend.train.data import DataSequence, TrainingData
+from eagle3_backend.train.vocab import VocabMap
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Batch",
+    "TrainResult",
+    "TrainSettings",
+    "build_draft",
+    "evaluate_top1",
+    "make_batches",
+    "split_heldout",
+    "train_draft",
+    "ttt_forward",
+    "ttt_loss",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSettings:
+    """Optimisation settings; ``steps=None`` trains ``epochs`` passes over the data."""
+
+    ttt_steps: int = 3
+    steps: int | None = None
+    epochs: float = 3.0
+    batch_tokens: int = 4096
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    step_weight: float = 0.8
+    prompt_weight: float = 0.0
+    heldout_fraction: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("ttt_steps", "batch_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise Eagle3Error(f"TrainSettings.{name} must be an integer >= 1, got {v!r}.")
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):
+            raise Eagle3Error(f"TrainSettings.steps must be None or an integer >= 1, got {self.steps!r}.")
+        if not self.epochs > 0 or not self.lr > 0:
+            raise Eagle3Error(f"epochs ({self.epochs}) and lr ({self.lr}) must be > 0.")
+        if not 0 <= self.heldout_fraction < 1:
+            raise Eagle3Error(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}.")
+        if not 0 <= self.prompt_weight <= 1:
+            raise Eagle3Error(f"prompt_weight must be in [0, 1], got {self.prompt_weight}.")
+        if not 0 < self.step_weight <= 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise Eagle3Error(f"step_weight ({self.step_weight}) must be in (0, 1] and "
+                              f"min_lr_ratio ({self.min_lr_ratio}) in [0, 1].")
+
+
+# --------------------------------------------------------------------------- model
+def build_draft(config: DraftConfig, data: TrainingData, vocab: VocabMap,
+                seed: int = 0) -> Eagle3DraftModel:
+    """An fp32 draft ready to train: seeded random layer weights, the frequency vocab
+    map, the target's embedding shared (frozen), and lm_head / final norm started
+    from the target's rows for the draft vocabulary (the draft's output then lives
+    in the target's final hidden space from step 0)."""
+    if config.has_embed_tokens:
+        raise Eagle3Error("eagle3 train writes drafts that take the target's embedding; "
+                          "build the DraftConfig with has_embed_tokens=False.")
+    if config.vocab_size != data.vocab_size or config.target_hidden_size != data.hidden_size:
+        raise Eagle3Error(
+            f"draft config vocab {config.vocab_size} / target hidden {config.target_hidden_size} "
+            f"do not match the data's target ({data.vocab_size} / {data.hidden_size}). "
+            "Use data generated with this target (delete a stale --cache-data folder)."
+        )
+    if config.layout != data.layout:
+        raise Eagle3Error(f"draft layout {config.layout} differs from the data's layout "
+                          f"{data.layout}; the data was captured for another layout. "
+                          "Regenerate the data (or drop --layout).")
+    cfg = dataclasses.replace(config, dtype="float32")
+    model = Eagle3DraftModel.init_random(cfg, seed=seed)
+    model.set_vocab_map(vocab.target_ids)
+    with torch.no_grad():
+        if not cfg.tie_word_embeddings:
+            model.lm_head.weight.copy_(data.lm_head[vocab.target_ids])
+        model.norm.weight.copy_(data.final_norm)
+    model.set_target_embedding(data.embed)
+    return model
+
+
+class _GrowingKV:
+    """Draft K/V kept by concatenation (autograd-safe), the cache TTT attends through."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)   # [B, Hkv, L+T, D]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        self.length += k.shape[2]
+        return self.k, self.v
+
+
+def ttt_mask(T: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """bool [1, T, T*(step+1)]: causal over step-0 keys, then row i's own key per later step."""
+    blocks = [torch.ones(T, T, dtype=torch.bool, device=device).tril()]
+    eye = torch.eye(T, dtype=torch.bool, device=device)
+    blocks += [eye] * step
+    return torch.cat(blocks, dim=1)[None]
+
+
+# --------------------------------------------------------------------------- batches
+@dataclass(slots=True)
+class Batch:
+    """Right-padded sequences. T = rows (positions with states), S = TTT steps.
+
+    tokens [B, T+S+1] (x_0 ..), aux [B, T, K*H], final [B, T+S, H] (zero-padded),
+    lengths [B] (tokens per sequence), prompt_lens [B].
+    """
+
+    tokens: torch.Tensor
+    aux: torch.Tensor
+    final: torch.Tensor
+    lengths: torch.Tensor
+    prompt_lens: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(self.aux.shape[0] * self.aux.shape[1])
+
+
+def collate(seqs: Sequence[DataSequence], ttt_steps: int) -> Batch:
+    T = max(s.aux.shape[0] for s in seqs)
+    B, S = len(seqs), ttt_steps
+    KH, H = seqs[0].aux.shape[1], seqs[0].final.shape[1]
+    tokens = torch.zeros(B, T + S + 1, dtype=torch.long)
+    aux = torch.zeros(B, T, KH)
+    final = torch.zeros(B, T + S, H)
+    for b, s in enumerate(seqs):
+        L = s.tokens.shape[0]
+        tokens[b, :L] = s.tokens
+        aux[b, :L - 1] = s.aux.float()
+        final[b, :L - 1] = s.final.float()
+    return Batch(tokens, aux, final,
+                 torch.tensor([s.tokens.shape[0] for s in seqs]),
+                 torch.tensor([s.prompt_len for s in seqs]))
+
+
+def make_batches(seqs: Sequence[DataSequence], batch_tokens: int, ttt_steps: int,
+                 rng: random.Random | None = None) -> list[Batch]:
+    """Length-sorted groups of at most ``batch_tokens`` padded rows (at least one
+    sequence each), in a shuffled order when ``rng`` is given."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].aux.shape[0])
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        T = seqs[i].aux.shape[0]
+        if cur and (len(cur) + 1) * T > batch_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    if rng is not None:
+        rng.shuffle(groups)
+    return [collate([seqs[i] for i in g], ttt_steps) for g in groups]
+
+
+def split_heldout(seqs: Sequence[DataSequence], fraction: float,
+                  seed: int) -> tuple[list[DataSequence], list[DataSequence]]:
+    """(train, held-out) by sequence, seeded; at least one held-out sequence when
+    fraction > 0 and there are two or more sequences."""
+    n = len(seqs)
+    k = 0 if fraction <= 0 or n < 2 else min(n - 1, max(1, round(fraction * n)))
+    perm = list(range(n))
+    random.Random(seed).shuffle(perm)
+    held = set(perm[:k])
+    return ([s for i, s in enumerate(seqs) if i not in held],
+            [s for i, s in enumerate(seqs) if i in held])
+
+
+# --------------------------------------------------------------------------- loss
+@dataclass(slots=True)
+class StepStats:
+    """Per TTT step: summed loss, rows with loss, rows scored for top-1, rows right."""
+
+    loss: list[float]
+    loss_rows: list[int]
+    rows: list[int]
+    correct: list[int]
+
+    @classmethod
+    def zeros(cls, steps: int) -> "StepStats":
+        return cls([0.0] * steps, [0] * steps, [0] * steps, [0] * steps)
+
+    def add(self, other: "StepStats") -> None:
+        for name in ("loss", "loss_rows", "rows", "correct"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for j in range(len(mine)):
+                mine[j] += theirs[j]
+
+    def top1(self) -> list[float | None]:
+        return [c / r if r else None for c, r in zip(self.correct, self.rows)]
+
+    def mean_loss(self) -> list[float | None]:
+        return [l / r if r else None for l, r in zip(self.loss, self.loss_rows)]
+
+
+def ttt_forward(model: Eagle3DraftModel, tokens: torch.Tensor, aux: torch.Tensor,
+                ttt_steps: int) -> Iterator[torch.Tensor]:
+    """The draft's final-normed hidden [B, T, H] of each TTT step, step 0 first
+    (``normed @ model.head_weight.T`` are the step's draft-vocab logits).
+
+    tokens [B, >= T+S] (x_0 ..), aux [B, T, K*H] target states of rows 0..T-1.
+    Step j, row i: token x_{i+1+j}, rotary position i+j, hidden = the target states
+    (j = 0) or the draft's own output of step j-1 at row i. The body is
+    :meth:`Eagle3DraftModel.forward` without the lm_head, so the caller projects only
+    the rows it scores (tests/train check the two agree).
+    """
+    B, T = aux.shape[:2]
+    rows = torch.arange(T, device=aux.device)[None]                     # [1, T]
+    cache = _GrowingKV()
+    hidden = model.project(aux)                                         # [B, T, H]
+    emb = model.embedding_weight
+    for j in range(ttt_steps):
+        ids = tokens[:, 1 + j: 1 + j + T]                               # [B, T] x_{i+1+j}
+        embeds = F.embedding(ids, emb).to(hidden.dtype)
+        out = model.midlayer(embeds, hidden, (rows + j).expand(B, T), cache,
+                             ttt_mask(T, j, aux.device))                # [B, T, H]
+        normed = model.norm(out)
+        hidden = normed if model.config.norm_output else out
+        yield normed
+
+
+def ttt_loss(model: Eagle3DraftModel, batch: Batch, vocab: VocabMap, head: torch.Tensor,
+             ttt_steps: int, step_weight: float = 0.8,
+             prompt_weight: float = 0.0) -> tuple[torch.Tensor, StepStats]:
+    """Weighted TTT loss of one batch and its per-step statistics.
+
+    ``head`` [Vd, H]: the target lm_head rows of the draft vocabulary (teacher).
+    Answer rows with a known next token are scored; with ``prompt_weight`` > 0 the
+    prompt rows also carry loss (the target's distribution over the user's text),
+    weighted so. Statistics count answer rows only. Only rows with loss or a score
+    reach either lm_head.
+    """
+    B, T = batch.aux.shape[:2]
+    device = batch.aux.device
+    rows = torch.arange(T, device=device)[None]                         # [1, T]
+    answer = rows >= (batch.prompt_lens[:, None] - 1)                   # [B, T]
+    last = batch.lengths[:, None] - 2                                   # last position with states
+    t2d, target_ids = vocab.t2d.to(device), vocab.target_ids.to(device)
+    draft_head = model.head_weight
+    total = batch.aux.new_zeros(())
+    stats = StepStats.zeros(ttt_steps)
+    for j, normed in enumerate(ttt_forward(model, batch.tokens, batch.aux, ttt_steps)):
+        target_tok = batch.tokens[:, 2 + j: 2 + j + T]                  # [B, T] x_{i+2+j}
+        known = rows + 1 + j <= last                                    # [B, T]
+        picked = known if prompt_weight > 0 else answer & known
+        if not bool(picked.any()):
+            continue
+        logits = normed[picked] @ draft_head.T.to(normed.dtype)         # [R, Vd]
+        tok = target_tok[picked]                                        # [R]
+        is_answer = answer.expand(B, T)[picked]                         # [R]
+        use = t2d[tok]                                                  # [R] loss rows
+        if bool(use.any()):
+            with torch.no_grad():
+                teacher = torch.softmax(batch.final[:, 1 + j: 1 + j + T][picked][use] @ head.T,
+                                        dim=-1)                         # [U, Vd]
+                w = torch.where(is_answer[use], 1.0, prompt_weight)     # [U]
+            logp = torch.log_softmax(logits[use].float(), dim=-1)
+            ce = -(teacher * logp).sum(-1)                              # [U]
+            step_loss = (ce * w).sum() / w.sum()
+            total = total + (step_weight ** j) * step_loss
+            on_answer = is_answer[use]
+            stats.loss[j] = float(ce[on_answer].detach().sum())
+            stats.loss_rows[j] = int(on_answer.sum())
+        with torch.no_grad():
+            stats.rows[j] = int(is_answer.sum())
+            right = target_ids[logits.argmax(dim=-1)] == tok
+            stats.correct[j] = int((right & is_answer).sum())
+    return total, stats
+
+
+@torch.no_grad()
+def evaluate_top1(model: Eagle3DraftModel, batches: Sequence[Batch], vocab: VocabMap,
+                  head: torch.Tensor, ttt_steps: int) -> StepStats:
+    """Top-1 accuracy and loss per TTT step over ``batches`` (no gradient)."""
+    was = model.training
+    model.eval()
+    stats = StepStats.zeros(ttt_steps)
+    for b in batches:
+        _, s = ttt_loss(model, b, vocab, head, ttt_steps)
+        stats.add(s)
+    model.train(was)
+    return stats
+
+
+def expected_acceptance_length(top1: Sequence[float | None]) -> float | None:
+    """1 + a0 + a0*a1 + ...: the chain acceptance length if step accuracies were independent."""
+    if any(a is None for a in top1):
+        return None
+    total, run = 1.0, 1.0
+    for a in top1:
+        run *= a
+        total += run
+    return total
+
+
+# --------------------------------------------------------------------------- training
+@dataclass(slots=True)
+class TrainResult:
+    model: Eagle3DraftModel
+    steps_done: int
+    steps_planned: int               # before any shrinking to fit the deadline
+    stopped_by_deadline: bool
+    seconds: float
+    train_rows: int                  # answer tokens
+    heldout_rows: int
+    train_stats: StepStats           # over the last epoch's worth of steps
+    heldout_stats: StepStats | None
+    loss_curve: list[tuple[int, float]]
+
+
+def _lr_at(step: int, total: int, s: TrainSettings) -> float:
+    warm = min(s.warmup_steps, max(1, total // 10))
+    if step < warm:
+        return s.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, total - warm)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
+                heldout: Sequence[DataSequence], vocab: VocabMap, lm_head: torch.Tensor,
+                settings: TrainSettings, deadline: float | None = None,
+                progress: bool = False) -> TrainResult:
+    """AdamW with warm-up and cosine decay over ``settings.steps`` batches (epochs of
+    shuffled length-bucketed batches). With a ``deadline`` the planned steps shrink to
+    what the measured step time fits before it (the schedule still decays fully), and
+    training stops at the deadline in any case."""
+    if not train:
+        raise Eagle3Error("no training sequences: every answer was held out or empty. "
+                          "Use more prompts (--num-prompts).")
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    head = lm_head[vocab.target_ids].float()                            # [Vd, H]
+    S = settings.ttt_steps
+    epoch = make_batches(train, settings.batch_tokens, S, rng)
+    per_epoch = len(epoch)
+    total = planned = settings.steps or max(1, math.ceil(settings.epochs * per_epoch))
+    held_batches = make_batches(heldout, settings.batch_tokens, S) if heldout else []
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
+                            weight_decay=settings.weight_decay)
+    model.train()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="train", unit="step")
+    recent = StepStats.zeros(S)
+    window: list[StepStats] = []
+    curve: list[tuple[int, float]] = []
+    t0 = time.perf_counter()
+    step, cut = 0, False
+    while step < total:
+        if not epoch:
+            epoch = make_batches(train, settings.batch_tokens, S, rng)
+        batch = epoch.pop()
+        if deadline is not None and time.perf_counter() > deadline:
+            cut = True
+            break
+        if deadline is not None and step >= 3:   # plan the schedule to end by the deadline
+            per_step = (time.perf_counter() - t0) / step
+            fits = step + int((deadline - time.perf_counter()) / per_step)
+            if fits < total:
+                total = max(step + 1, fits)
+                if bar is not None:
+                    bar.total = total
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, total, settings)
+        loss, stats = ttt_loss(model, batch, vocab, head, S, settings.step_weight,
+                               settings.prompt_weight)
+        opt.zero_grad(set_to_none=True)
+        if loss.requires_grad:
+            loss.backward()
+            if settings.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+            opt.step()
+        window.append(stats)
+        if len(window) > per_epoch:
+            window.pop(0)
+        curve.append((step, float(loss.detach())))
+        step += 1
+        if bar is not None:
+            acc = stats.top1()[0]
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}",
+                            top1=f"{acc:.2f}" if acc is not None else "-")
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    for s in window:
+        recent.add(s)
+    held = evaluate_top1(model, held_batches, vocab, head, S) if held_batches else None
+    model.eval()
+    return TrainResult(
+        model=model, steps_done=step, steps_planned=planned,
+        stopped_by_deadline=cut or step < planned,
+        seconds=seconds, train_rows=sum(s.answer_len for s in train),
+        heldout_rows=sum(s.answer_len for s in heldout), train_stats=recent,
+        heldout_stats=held, loss_curve=curve,
+    )
+
+
+def iter_state(model: Eagle3DraftModel, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint tensors of a trained draft in ``dtype`` (maps stay integer / bool)."""
+    for name, t in model.state_dict().items():
+        yield name, (t.detach().to(dtype) if t.is_floating_point() else t.detach().clone())
+
+
+def summarize(result: TrainResult) -> dict[str, Any]:
+    held = result.heldout_stats
+    train_top1 = result.train_stats.top1()
+    held_top1 = held.top1() if held else None
+    return {
+        "steps": result.steps_done,
+        "steps_planned": result.steps_planned,
+        "stopped_by_time_budget": result.stopped_by_deadline,
+        "train_seconds": round(result.seconds, 2),
+        "train_answer_tokens": result.train_rows,
+        "heldout_answer_tokens": result.heldout_rows,
+        "train_top1_by_position": train_top1,
+        "heldout_top1_by_position": held_top1,
+        "heldout_loss_by_position": held.mean_loss() if held else None,
+        "heldout_scored_rows_by_position": held.rows if held else None,
+        "heldout_expected_acceptance_length": (expected_acceptance_length(held_top1)
+                                               if held_top1 else None),
+        "loss_first": result.loss_curve[0][1] if result.loss_curve else None,
+        "loss_last": result.loss_curve[-1][1] if result.loss_curve else None,
+    }

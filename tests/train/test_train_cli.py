@@ -1,0 +1,84 @@
+"""`eagle3 train` end to end on a tiny target: a strict-loadable SGLang checkpoint and its report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle3_backend.checkpoint import load_draft
+from eagle3_backend.cli import main
+from eagle3_backend.layout import Layout
+
+LAYOUT = "[layer_input:3, embed]"          # given out of layer order on purpose
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("train-prompts") / "prompts.jsonl"
+    rows = [{"prompt": f"Tell me fact number {i} about the sea."} for i in range(6)]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return p
+
+
+def _argv(target, prompts, out, cache, *extra):
+    return ["train", "--target", str(target), "--dataset", str(prompts), "--out", str(out),
+            "--layout", LAYOUT, "--num-prompts", "5", "--max-new-tokens", "8", "--steps", "3",
+            "--draft-vocab", "256", "--batch-tokens", "256", "--heldout-fraction", "0.2",
+            "--dtype", "float32", "--cache-data", str(cache), "--no-progress", *extra]
+
+
+def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_target_dir,
+                                                               prompts_file, capsys):
+    out, cache = tmp_path / "draft", tmp_path / "cache"
+    assert main(_argv(tiny_target_dir, prompts_file, out, cache)) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "held-out top-1 by position" in printed
+
+    loaded = load_draft(out, strict=True)
+    assert loaded.layout_source == "explicit"
+    # written in layer order (fc blocks permuted), the same draft as trained
+    assert loaded.layout == Layout.parse("[embed, layer_input:3]")
+    cfg = loaded.config
+    assert (cfg.hidden_size, cfg.target_hidden_size, cfg.vocab_size) == (64, 64, 49152)
+    assert cfg.draft_vocab_size == 256 and cfg.uses_vocab_map and not cfg.has_embed_tokens
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["eagle3_layout"] == ["embed", "layer_input:3"]
+    assert raw["eagle3_target"] == {"architecture": "LlamaForCausalLM", "num_hidden_layers": 4}
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert "embed_tokens.weight" not in names and {"d2t", "t2d", "fc.weight"} <= names
+        assert f.get_tensor("fc.weight").dtype == torch.float32
+
+    report = json.loads((out / "train_report.json").read_text())
+    assert report["layout"] == ["layer_input:3", "embed"]
+    assert report["data"]["source"] == "generated" and report["data"]["sequences"] == 5
+    assert report["training"]["steps"] == 3
+    assert len(report["heldout_top1_by_position"]) == 3
+    assert report["draft_vocab"]["size"] == 256
+    assert report["data"]["vocab_prior_prompts"] == 6        # every prompt of the file
+    assert report["command"].startswith("eagle3 train ") and "--steps 3" in report["command"]
+    assert {"machine", "versions"} <= set(report)
+    assert set(report["wall_seconds"]) == {"data", "train", "write_and_heldout", "total"}
+
+    # a second run with the same data settings reuses the cached data
+    out2 = tmp_path / "draft2"
+    assert main(_argv(tiny_target_dir, prompts_file, out2, cache)) == 0
+    report2 = json.loads((out2 / "train_report.json").read_text())
+    assert report2["data"]["source"] == "cache"
+    assert report2["data"]["answer_tokens"] == report["data"]["answer_tokens"]
+    same = load_draft(out2, strict=True)
+    for name, t in loaded.state_dict.items():           # seeded: the same draft again
+        assert torch.equal(t, same.state_dict[name]), name
+
+
+def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, prompts_file, capsys):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    assert main(_argv(tiny_target_dir, prompts_file, tmp_path / "busy", tmp_path / "c")) == 2
+    assert "--force" in capsys.readouterr().err
+    argv = _argv(tiny_target_dir, "mt-bench", tmp_path / "o", tmp_path / "c")
+    assert main(argv) == 2
+    assert "evaluation set" in capsys.readouterr().err
