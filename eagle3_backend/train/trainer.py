@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from eagle3_backend.config import DraftConfig
 from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.layout import Layout
 from eagle3_backend.model import Eagle3DraftModel
 from eagle3_backend.train.data import DataSequence, TrainingData
 from eagle3_backend.train.vocab import VocabMap
@@ -48,6 +49,7 @@ __all__ = [
     "build_draft",
     "evaluate_top1",
     "make_batches",
+    "reorder_layout",
     "split_heldout",
     "train_draft",
     "ttt_forward",
@@ -62,8 +64,8 @@ class TrainSettings:
     ttt_steps: int = 3
     steps: int | None = None
     epochs: float = 3.0
-    batch_tokens: int = 4096
-    lr: float = 1e-3
+    batch_tokens: int = 512
+    lr: float = 2e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -95,10 +97,12 @@ class TrainSettings:
 # --------------------------------------------------------------------------- model
 def build_draft(config: DraftConfig, data: TrainingData, vocab: VocabMap,
                 seed: int = 0) -> Eagle3DraftModel:
-    """An fp32 draft ready to train: seeded random layer weights, the frequency vocab
-    map, the target's embedding shared (frozen), and lm_head / final norm started
-    from the target's rows for the draft vocabulary (the draft's output then lives
-    in the target's final hidden space from step 0)."""
+    """An fp32 draft ready to train: seeded random weights
+    (:meth:`Eagle3DraftModel.init_random`), the frequency vocab map, and the target's
+    embedding shared (frozen: serving takes it from the target too).
+
+    (Starting lm_head and the final norm from the target's rows was tried on
+    SmolLM2-135M: its large initial logits made early training slower.)"""
     if config.has_embed_tokens:
         raise Eagle3Error("eagle3 train writes drafts that take the target's embedding; "
                           "build the DraftConfig with has_embed_tokens=False.")
@@ -112,13 +116,8 @@ def build_draft(config: DraftConfig, data: TrainingData, vocab: VocabMap,
         raise Eagle3Error(f"draft layout {config.layout} differs from the data's layout "
                           f"{data.layout}; the data was captured for another layout. "
                           "Regenerate the data (or drop --layout).")
-    cfg = dataclasses.replace(config, dtype="float32")
-    model = Eagle3DraftModel.init_random(cfg, seed=seed)
+    model = Eagle3DraftModel.init_random(dataclasses.replace(config, dtype="float32"), seed=seed)
     model.set_vocab_map(vocab.target_ids)
-    with torch.no_grad():
-        if not cfg.tie_word_embeddings:
-            model.lm_head.weight.copy_(data.lm_head[vocab.target_ids])
-        model.norm.weight.copy_(data.final_norm)
     model.set_target_embedding(data.embed)
     return model
 
@@ -201,6 +200,22 @@ def make_batches(seqs: Sequence[DataSequence], batch_tokens: int, ttt_steps: int
     if rng is not None:
         rng.shuffle(groups)
     return [collate([seqs[i] for i in g], ttt_steps) for g in groups]
+
+
+def reorder_layout(seqs: Sequence[DataSequence], src: Layout, dst: Layout) -> list[DataSequence]:
+    """The sequences with their aux chunks moved from layout ``src`` order to ``dst``
+    order (the same sources; a checkpoint is written in layer order)."""
+    if sorted(map(str, src.sources)) != sorted(map(str, dst.sources)):
+        raise Eagle3Error(f"layouts {src} and {dst} name different sources; only the order "
+                          "of the same sources can be changed.")
+    if src == dst:
+        return list(seqs)
+    idx = [src.sources.index(x) for x in dst.sources]
+    out = []
+    for s in seqs:
+        chunks = s.aux.split(s.aux.shape[1] // len(src), dim=-1)
+        out.append(dataclasses.replace(s, aux=torch.cat([chunks[i] for i in idx], dim=-1)))
+    return out
 
 
 def split_heldout(seqs: Sequence[DataSequence], fraction: float,
@@ -354,8 +369,10 @@ class TrainResult:
     train_rows: int                  # answer tokens
     heldout_rows: int
     train_stats: StepStats           # over the last epoch's worth of steps
-    heldout_stats: StepStats | None
+    heldout_stats: StepStats | None  # of the returned (best) weights
     loss_curve: list[tuple[int, float]]
+    heldout_curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best_step: int | None = None     # the returned weights are from after this step
 
 
 def _lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -373,7 +390,9 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
     """AdamW with warm-up and cosine decay over ``settings.steps`` batches (epochs of
     shuffled length-bucketed batches). With a ``deadline`` the planned steps shrink to
     what the measured step time fits before it (the schedule still decays fully), and
-    training stops at the deadline in any case."""
+    training stops at the deadline in any case. With held-out data, the held-out top-1
+    is measured after every epoch and at the end, and the weights with the best expected
+    chain acceptance length are returned (a guard against over-fitting small data)."""
     if not train:
         raise Eagle3Error("no training sequences: every answer was held out or empty. "
                           "Use more prompts (--num-prompts).")
@@ -397,10 +416,28 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
     recent = StepStats.zeros(S)
     window: list[StepStats] = []
     curve: list[tuple[int, float]] = []
+    held_curve: list[dict[str, Any]] = []
+    best: tuple[float, int, dict[str, torch.Tensor], StepStats] | None = None
+
+    def check_heldout() -> None:
+        nonlocal best
+        if not held_batches:
+            return
+        st = evaluate_top1(model, held_batches, vocab, head, S)
+        score = expected_acceptance_length(st.top1()) or 0.0
+        held_curve.append({"step": step, "epoch": round(step / per_epoch, 2),
+                           "top1_by_position": [None if a is None else round(a, 4)
+                                                for a in st.top1()],
+                           "expected_acceptance_length": round(score, 4)})
+        if best is None or score > best[0]:
+            best = (score, step, {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    st)
+
     t0 = time.perf_counter()
     step, cut = 0, False
     while step < total:
         if not epoch:
+            check_heldout()
             epoch = make_batches(train, settings.batch_tokens, S, rng)
         batch = epoch.pop()
         if deadline is not None and time.perf_counter() > deadline:
@@ -435,17 +472,22 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
                             top1=f"{acc:.2f}" if acc is not None else "-")
     if bar is not None:
         bar.close()
+    if not held_curve or held_curve[-1]["step"] != step:
+        check_heldout()
+    held, best_step = None, None
+    if best is not None:
+        _, best_step, state, held = best
+        model.load_state_dict(state)
     seconds = time.perf_counter() - t0
-    for s in window:
-        recent.add(s)
-    held = evaluate_top1(model, held_batches, vocab, head, S) if held_batches else None
+    for st in window:
+        recent.add(st)
     model.eval()
     return TrainResult(
         model=model, steps_done=step, steps_planned=planned,
         stopped_by_deadline=cut or step < planned,
         seconds=seconds, train_rows=sum(s.answer_len for s in train),
         heldout_rows=sum(s.answer_len for s in heldout), train_stats=recent,
-        heldout_stats=held, loss_curve=curve,
+        heldout_stats=held, loss_curve=curve, heldout_curve=held_curve, best_step=best_step,
     )
 
 
@@ -472,6 +514,8 @@ def summarize(result: TrainResult) -> dict[str, Any]:
         "heldout_scored_rows_by_position": held.rows if held else None,
         "heldout_expected_acceptance_length": (expected_acceptance_length(held_top1)
                                                if held_top1 else None),
+        "best_step": result.best_step,
+        "heldout_curve": result.heldout_curve,
         "loss_first": result.loss_curve[0][1] if result.loss_curve else None,
         "loss_last": result.loss_curve[-1][1] if result.loss_curve else None,
     }

@@ -57,6 +57,11 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
     assert report["data"]["source"] == "generated" and report["data"]["sequences"] == 5
     assert report["training"]["steps"] == 3
     assert len(report["heldout_top1_by_position"]) == 3
+    # the written float32 weights (fc blocks in layer order) score the held-out answers
+    # exactly as the trained ones did in training order
+    assert report["heldout_top1_by_position"] == report["training"]["heldout_top1_by_position"]
+    assert report["heldout_loss_by_position"] == pytest.approx(
+        report["training"]["heldout_loss_by_position"], rel=1e-4)
     assert report["draft_vocab"]["size"] == 256
     assert report["data"]["vocab_prior_prompts"] == 6        # every prompt of the file
     assert report["command"].startswith("eagle3 train ") and "--steps 3" in report["command"]

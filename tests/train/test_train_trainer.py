@@ -14,6 +14,7 @@ from eagle3_backend.train.trainer import (
     TrainSettings,
     build_draft,
     collate,
+    evaluate_top1,
     expected_acceptance_length,
     make_batches,
     split_heldout,
@@ -150,6 +151,13 @@ def test_training_learns_the_synthetic_rule(setup):
     assert res.steps_done == 60 and not res.stopped_by_deadline
     top1 = res.heldout_stats.top1()
     assert top1[0] > 0.9, top1                                       # the rule is deterministic
+    # held-out measured after each epoch and at the end; the best weights are returned
+    assert res.heldout_curve[-1]["step"] == 60 and len(res.heldout_curve) >= 2
+    best = max(res.heldout_curve, key=lambda r: r["expected_acceptance_length"])
+    assert res.best_step == best["step"]
+    again = evaluate_top1(res.model, make_batches(held, 64, 2), vocab,
+                          data.lm_head[vocab.target_ids], 2)
+    assert again.top1() == top1
     assert res.loss_curve[-1][1] < res.loss_curve[0][1] / 4
 
 
