@@ -59,11 +59,12 @@ class Eagle3CpuPlatform(CpuSRTPlatform):
 
     def post_load_model(self, model) -> None:
         """Pack linear weights once so that few-row GEMMs (verify, tree drafts) stay cheap."""
-        from eagle3_backend.cpu import packed_linear
+        from eagle3_backend.cpu import packed_linear, small_gemm
         from eagle3_backend.cpu.ops import registry
 
         logger.info("eagle3_backend.cpu platform: %s loaded; %d sgl_kernel ops from torch "
                     "(stand-in module), GOMP_SPINCOUNT=%s", type(model).__name__,
                     len(registry.registered()), os.environ.get("GOMP_SPINCOUNT", "unset"))
         if packed_linear.enabled():
+            small_gemm.load()  # built (or found in its cache) now, not inside the first forward
             packed_linear.pack_model(model)

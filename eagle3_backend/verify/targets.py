@@ -141,6 +141,12 @@ def load_target(
             "model dir or GGUF file that transformers supports."
         ) from exc
     model.to(device).eval()
+    if torch.device(device).type == "cpu" and torch_dtype == torch.float32:
+        from eagle3_backend.cpu.small_gemm import few_row_linears
+
+        # a k-token verify forward then costs about what a 1-token decode does (see there)
+        n = few_row_linears(model)
+        logger.info("target: %d linear layers use the few-row CPU kernel for 2..16 rows", n)
     config = model.config
     layers = decoder_layers(model)
     return Target(

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_testutil import assert_close_report
-from eagle3_backend.cpu import packed_linear
+from eagle3_backend.cpu import packed_linear, small_gemm
 
 pytestmark = pytest.mark.skipif(not packed_linear.supports(torch.float32),
                                 reason="this torch build has no oneDNN linear (the platform then keeps F.linear)")
@@ -39,7 +39,8 @@ def test_packed_keeps_leading_dims_and_bf16():
     assert_close_report(got, x.double() @ layer.weight.double().T, 0.1, 0.02, what="packed bf16")
 
 
-def test_repacks_after_in_place_update_and_replacement():
+def test_repacks_after_in_place_update_and_replacement(monkeypatch):
+    monkeypatch.setenv(small_gemm.ENV, "0")                  # 4 rows would go to the few-row kernel
     layer = _Layer(16, 8, seed=3)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(4))
     packed_linear.packed_linear(layer, x, None)

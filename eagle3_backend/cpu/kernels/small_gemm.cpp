@@ -1,0 +1,165 @@
+// Few-row linear layers for SGLang's CPU engine: out[M, N] = x[M, K] . W[N, K]^T (+ bias).
+//
+// A decode step multiplies one row, a 4-token verify or a top-k draft step a few. At
+// such M the product should cost what streaming W from memory costs, yet BLAS GEMMs
+// pack W (or read a prepacked copy) and at M = 4 run up to twice as long as the
+// matrix-vector product at M = 1. This kernel reads each row of W once and dots it with
+// up to four rows of x at a time (x stays in L1), with AVX2 FMA.
+//
+// Summation order: element (m, n) is the same fixed-order dot product of x[m] and W[n]
+// (8 lanes over K in steps of 8, a fixed lane reduction, then the K % 8 tail, all with
+// fused multiply-adds) whatever M is and whichever other rows share the call, so a
+// token's outputs do not depend on how many tokens are multiplied with it: a 4-token
+// verify and a 1-token decode give bit-identical rows for the same inputs.
+//
+// fp32 only. Built on first use by eagle3_backend.cpu.small_gemm (torch JIT with
+// -O3 -march=native: it runs on the machine that built it).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define E3_HAVE_AVX2 1
+#else
+#define E3_HAVE_AVX2 0
+#endif
+
+namespace {
+
+constexpr int64_t kMaxRows = 16;
+constexpr int64_t kPrefetch = 512;  // floats ahead of the loads in each W row (2 KB)
+
+#if E3_HAVE_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);                      // 4 lanes
+  __m128 sh = _mm_movehl_ps(lo, lo);            // lanes 2,3
+  lo = _mm_add_ps(lo, sh);                      // 2 lanes
+  sh = _mm_shuffle_ps(lo, lo, 0x55);            // lane 1
+  return _mm_cvtss_f32(_mm_add_ss(lo, sh));
+}
+
+
+#if defined(__AVX512F__)
+#define E3_VEC 16
+using vec_t = __m512;
+inline vec_t vzero() { return _mm512_setzero_ps(); }
+inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec_t v) { return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
+#else
+#define E3_VEC 8
+using vec_t = __m256;
+inline vec_t vzero() { return _mm256_setzero_ps(); }
+inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec_t v) { return hsum(v); }
+#endif
+
+// out[m * ldo + j] = dot(x[m], w[j]) for j < NR W rows and m < MR x rows.
+template <int MR, int NR>
+inline void block(const float* __restrict w, int64_t ldw, const float* __restrict x,
+                  int64_t ldx, int64_t K, float* __restrict out, int64_t ldo) {
+  vec_t acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = vzero();
+  const int64_t Kv = K - K % E3_VEC;
+  for (int64_t k = 0; k < Kv; k += E3_VEC) {
+    vec_t wv[NR];
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + k + kPrefetch), _MM_HINT_T0);
+      wv[j] = vload(w + j * ldw + k);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const vec_t xv = vload(x + m * ldx + k);
+      for (int j = 0; j < NR; ++j) acc[m][j] = vfma(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) {
+      float s = vsum(acc[m][j]);
+      for (int64_t k = Kv; k < K; ++k) s = std::fma(x[m * ldx + k], w[j * ldw + k], s);
+      out[m * ldo + j] = s;
+    }
+}
+
+template <int NR>
+inline void rows_block(const float* w, int64_t ldw, const float* x, int64_t M, int64_t K,
+                       float* out, int64_t N) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) block<4, NR>(w, ldw, x + m * K, K, K, out + m * N, N);
+  switch (M - m) {
+    case 3: block<3, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    case 2: block<2, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    case 1: block<1, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    default: break;
+  }
+}
+#endif
+
+void gemm(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
+          int64_t K) {
+  // a task streams about 64 KB of W; tasks are whole pairs of W rows
+  const int64_t grain = std::max<int64_t>(2, (16384 / std::max<int64_t>(K, 1)) & ~int64_t(1));
+  at::parallel_for(0, (N + 1) / 2, std::max<int64_t>(1, grain / 2), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = 2 * p;
+#if E3_HAVE_AVX2
+      if (n + 2 <= N) rows_block<2>(w + n * K, K, x, M, K, out + n, N);
+      else rows_block<1>(w + n * K, K, x, M, K, out + n, N);
+#else
+      for (int64_t j = n; j < std::min(n + 2, N); ++j)
+        for (int64_t m = 0; m < M; ++m) {
+          float s = 0.f;
+          for (int64_t k = 0; k < K; ++k) s = std::fma(x[m * K + k], w[j * K + k], s);
+          out[m * N + j] = s;
+        }
+#endif
+      if (bias != nullptr)
+        for (int64_t j = n; j < std::min(n + 2, N); ++j)
+          for (int64_t m = 0; m < M; ++m) out[m * N + j] += bias[j];
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                           const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
+              "small_linear: x and weight must be CPU tensors");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+              "small_linear: x and weight must be float32, got ", x.scalar_type(), " and ",
+              weight.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "small_linear: x must be [M, K] and weight [N, K]");
+  TORCH_CHECK(x.size(1) == weight.size(1), "small_linear: x has ", x.size(1),
+              " columns, weight has ", weight.size(1));
+  const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "small_linear: needs 1..", kMaxRows, " rows, got ", M);
+  const float* b = nullptr;
+  torch::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N,
+                "small_linear: bias must be float32 [", N, "]");
+    bc = bias->contiguous();
+    b = bc.data_ptr<float>();
+  }
+  auto xc = x.contiguous();
+  auto wc = weight.contiguous();
+  auto out = torch::empty({M, N}, x.options());
+  gemm(xc.data_ptr<float>(), wc.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
+  return out;
+}
+
+bool has_avx2() { return E3_HAVE_AVX2; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("small_linear", &small_linear, "out[M, N] = x[M, K] W[N, K]^T + bias; fp32, M <= 16");
+  m.def("has_avx2", &has_avx2, "whether the kernel was built with AVX2 + FMA");
+  m.attr("max_rows") = kMaxRows;
+}

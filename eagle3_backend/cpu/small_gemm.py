@@ -1,0 +1,128 @@
+"""Few-row fp32 linear layers on CPU: the C++ kernel in ``kernels/small_gemm.cpp``.
+
+``small_linear(x, w, bias)`` = ``F.linear`` for x with 1..16 rows, reading each weight
+row once for all rows of x (see the .cpp for why and for its summation-order
+guarantee: a row's result does not depend on the other rows in the call). It is
+JIT-built with torch's C++ extension builder on first use (about 40 s on a 2-core
+machine, then cached under ``~/.cache/eagle3-backend/cpu-ext/``, keyed by the
+source, the torch version and the flags) with ``-march=native``: it runs on the
+machine that built it.
+
+``load()`` returns the module, or None when it cannot be built here (no C++
+compiler, no ninja) or ``EAGLE3_CPU_SMALL_GEMM=0``; callers then keep their
+previous path (``packed_linear``'s oneDNN weights), which gives the same results
+up to fp32 summation order. The reason is logged once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "EAGLE3_CPU_SMALL_GEMM"
+SOURCE = Path(__file__).with_name("kernels") / "small_gemm.cpp"
+MAX_ROWS = 16
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def build_dir() -> Path:
+    """Where the build for this source, torch and flags lives."""
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()
+                         + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"
+
+
+def load() -> Any | None:
+    """The built extension module, or None (reason logged once). Thread-safe; builds at
+    most once per process (concurrent processes share torch's build lock)."""
+    if not enabled():
+        return None
+    with _lock:
+        if "module" in _state:
+            return _state["module"]
+        module = None
+        try:
+            from torch.utils.cpp_extension import load as jit_load
+
+            out = build_dir()
+            out.mkdir(parents=True, exist_ok=True)
+            module = jit_load(name="eagle3_cpu_small_gemm", sources=[str(SOURCE)],
+                              extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                              build_directory=str(out), verbose=False)
+            logger.info("eagle3_backend.cpu: few-row linear kernel ready (%s, AVX2 %s)",
+                        out, module.has_avx2())
+        except Exception as exc:  # no compiler / ninja / headers: keep the fallback
+            logger.warning("eagle3_backend.cpu: the few-row linear kernel (%s) could not be "
+                           "built (%s: %s); using oneDNN packed weights instead. Set %s=0 to "
+                           "skip the attempt.", SOURCE.name, type(exc).__name__,
+                           str(exc).splitlines()[0] if str(exc) else "", ENV)
+            module = None
+        _state["module"] = module
+        return module
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``small_linear`` takes these operands (fp32 CPU, 1..MAX_ROWS rows)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.dim() == 2
+            and x.device.type == "cpu" and weight.device.type == "cpu"
+            and 1 <= rows <= MAX_ROWS and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu")))
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 module: Any | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x [..., K] with 1..16 rows, fp32 on CPU.
+
+    Raises RuntimeError when the kernel is unavailable (check ``load()`` first)."""
+    mod = module or load()
+    if mod is None:
+        raise RuntimeError(f"the few-row linear kernel is not available ({ENV}=0 or the build "
+                           "failed; see the log).")
+    x2 = x.reshape(-1, x.shape[-1])
+    out = mod.small_linear(x2, weight, bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _few_row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    w, b = self.weight, self.bias
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if (2 <= rows <= MAX_ROWS and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            and supports(x, w, b)):
+        mod = load()
+        if mod is not None:
+            return small_linear(x, w, b, module=mod)
+    return torch.nn.functional.linear(x, w, b)
+
+
+def few_row_linears(model: torch.nn.Module) -> int:
+    """Route the fp32 CPU ``nn.Linear`` layers of ``model`` (e.g. a transformers target in
+    the offline verifier) through the kernel for 2..16 rows without autograd: a verify
+    forward of a few tokens then costs about what a one-token decode does. One row, more
+    rows, other dtypes and anything that needs gradients keep ``F.linear``. Returns the
+    number of layers routed (0 when the kernel is unavailable)."""
+    if load() is None:
+        return 0
+    count = 0
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu"):
+            module.forward = _few_row_forward.__get__(module)
+            count += 1
+    return count
