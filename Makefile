@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft eval-draft test test-fast ext clean
+.PHONY: setup demo draft eval-draft serve-cpu test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -40,6 +40,17 @@ eval-draft: draft
 	@mkdir -p benchmarks/results
 	$(PY) -m eagle3_backend eval --draft $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench \
 		--limit 8 --max-new-tokens 64 --threads 1 --dtype float32 --output-dir benchmarks/results --name eval-smollm2-draft
+
+# Real SGLang EAGLE-3 on this CPU (eagle3_backend.cpu): the bundled SmolLM2 as a HF dir + the draft.
+SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
+$(SMOLLM2_HF)/config.json: | setup
+	$(PY) -c "from eagle3_backend.cpu.target_convert import convert_gguf_to_hf as c; c('$(SMOLLM2_HF)')"
+
+serve-cpu: draft $(SMOLLM2_HF)/config.json
+	SGLANG_USE_CPU_ENGINE=1 $(PY) -m sglang.launch_server --model-path $(SMOLLM2_HF) --device cpu \
+		--dtype float32 --max-total-tokens 4096 --host 127.0.0.1 --port 30000 \
+		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT_DIR) \
+		--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -93,6 +93,19 @@ def transformers_ms_per_token(target: Path, dtype: str, input_ids: list[int], ne
         return (time.perf_counter() - t0) / new_tokens * 1000
 
 
+def _git_rev() -> str:
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(ROOT / "artifacts" / "smollm2-135m-instruct"),
@@ -149,6 +162,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()} {os.cpu_count()} cpus",
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "command": shlex.join([sys.executable, *sys.argv]),
+        "git_rev": _git_rev(),
         "dtype": args.dtype, "packed_linear": not args.no_packed_linear,
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "unset"),
         "prompts": args.prompts, "new_tokens": args.new_tokens,
