@@ -25,8 +25,8 @@ demo: setup
 
 # A trained EAGLE-3 draft for the bundled SmolLM2 target (about 35 min on one CPU core; fixed
 # steps and seed, one thread: the same draft on every run of the same code). Kept outside the
-# clone, keyed by the training code, and reused when it exists.
-DRAFT_KEY = $(shell cat eagle3_backend/train/*.py eagle3_backend/model.py eagle3_backend/config.py | sha256sum | cut -c1-12)
+# clone, keyed by the training code and arguments, and reused when it exists.
+DRAFT_KEY = $(shell (cat eagle3_backend/train/*.py eagle3_backend/model.py eagle3_backend/config.py; echo '$(DRAFT_TRAIN_ARGS)') | sha256sum | cut -c1-12)
 DRAFT_DIR ?= $(HOME)/.cache/eagle3-backend/drafts/smollm2-$(DRAFT_KEY)
 DRAFT_TRAIN_ARGS ?= --num-prompts 480 --max-new-tokens 96 --steps 600 --seed 0 --threads 1
 
