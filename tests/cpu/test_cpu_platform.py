@@ -67,6 +67,7 @@ def test_sglang_resolves_platform_stand_in_and_defaults(plugin_site, smollm2_dir
         from sglang.srt.arg_groups.overrides import resolution_result
         res["attention_backend"] = resolution_result(sa, "attention_backend")
         res["sleep_on_idle"] = resolution_result(sa, "sleep_on_idle")
+        res["no_overlap"] = resolution_result(sa, "disable_overlap_schedule")
         print(json.dumps(res))
     """, plugin_site, SGLANG_USE_CPU_ENGINE="1")
     assert out["platform"] == "Eagle3CpuPlatform" and out["is_cpu"]
@@ -78,4 +79,18 @@ def test_sglang_resolves_platform_stand_in_and_defaults(plugin_site, smollm2_dir
     assert "sgl_kernel.kvcacheio" in out["submodule"]
     assert out["attention_backend"] == "intel_amx"   # not rewritten to torch_native
     assert out["sleep_on_idle"] is True
+    assert out["no_overlap"] is (len(os.sched_getaffinity(0)) <= 4)   # few CPUs: no overlap thread
     assert out["gomp"] == "0"                        # idle OpenMP threads sleep (children inherit)
+
+
+def test_overlap_schedule_default_follows_cpus_and_env(monkeypatch):
+    from eagle3_backend.cpu import platform as plat
+
+    monkeypatch.delenv(plat.ENV_OVERLAP, raising=False)
+    monkeypatch.setattr(plat, "_usable_cpus", lambda: 2)
+    assert plat.overlap_schedule_off_by_default() is True
+    monkeypatch.setenv(plat.ENV_OVERLAP, "1")
+    assert plat.overlap_schedule_off_by_default() is False
+    monkeypatch.delenv(plat.ENV_OVERLAP)
+    monkeypatch.setattr(plat, "_usable_cpus", lambda: 32)
+    assert plat.overlap_schedule_off_by_default() is False
