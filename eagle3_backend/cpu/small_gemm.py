@@ -48,6 +48,24 @@ def build_dir() -> Path:
     return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"
 
 
+STALE_LOCK_SECONDS = 600
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch's build lock is a plain file; a build killed midway leaves it behind and every
+    later load would wait on it forever. No build takes 10 minutes: remove older locks."""
+    import time
+
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        logger.warning("eagle3_backend.cpu: removing a stale build lock %s (%.0f s old, left "
+                       "by an interrupted build)", lock, age)
+        lock.unlink(missing_ok=True)
+
+
 def load() -> Any | None:
     """The built extension module, or None (reason logged once). Thread-safe; builds at
     most once per process (concurrent processes share torch's build lock)."""
@@ -62,6 +80,7 @@ def load() -> Any | None:
 
             out = build_dir()
             out.mkdir(parents=True, exist_ok=True)
+            _clear_stale_lock(out / "lock")
             module = jit_load(name="eagle3_cpu_small_gemm", sources=[str(SOURCE)],
                               extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                               build_directory=str(out), verbose=False)

@@ -124,3 +124,18 @@ def test_few_row_linears_routes_inference_only(kernel):
     assert torch.equal(y, ref[1](F.silu(ref[0](x))))
     y.sum().backward()
     assert model[0].weight.grad is not None and model[0].weight.grad.abs().sum() > 0
+
+
+def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    small_gemm._clear_stale_lock(lock)
+    assert lock.exists()                                  # a build may be running now
+    old = time.time() - small_gemm.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    small_gemm._clear_stale_lock(lock)
+    assert not lock.exists()                              # left by a killed build
+    small_gemm._clear_stale_lock(lock)                    # no lock: nothing to do
