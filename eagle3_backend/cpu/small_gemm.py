@@ -5,7 +5,7 @@ row once for all rows of x (see the .cpp for why and for its summation-order
 guarantee: a row's result does not depend on the other rows in the call). It is
 JIT-built with torch's C++ extension builder on first use (about 40 s on a 2-core
 machine, then cached under ``~/.cache/eagle3-backend/cpu-ext/``, keyed by the
-source, the torch version and the flags) with ``-march=native``: it runs on the
+source, the torch version, the flags and the CPU) with ``-march=native``: it runs on the
 machine that built it.
 
 ``load()`` returns the module, or None when it cannot be built here (no C++
@@ -40,10 +40,23 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
 
 
+def _cpu_fingerprint() -> bytes:
+    """The CPU's model and instruction-set flags: a ``-march=native`` build must never be
+    loaded on another kind of CPU (a home cache shared between machines)."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep).encode()
+    except OSError:
+        return (platform.machine() + platform.processor()).encode()
+
+
 def build_dir() -> Path:
-    """Where the build for this source, torch and flags lives."""
+    """Where the build for this source, torch, flags and CPU lives."""
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()
-                         + " ".join(CFLAGS).encode()).hexdigest()[:16]
+                         + " ".join(CFLAGS).encode() + _cpu_fingerprint()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"
 

@@ -3,11 +3,13 @@
 // A decode step multiplies one row, a 4-token verify or a top-k draft step a few. At
 // such M the product should cost what streaming W from memory costs, yet BLAS GEMMs
 // pack W (or read a prepacked copy) and at M = 4 run up to twice as long as the
-// matrix-vector product at M = 1. This kernel reads each row of W once and dots it with
-// up to four rows of x at a time (x stays in L1), with AVX2 FMA.
+// matrix-vector product at M = 1. This kernel reads each row of W once (two rows at a
+// time, prefetched ahead) and dots it with up to four rows of x at a time (x stays in
+// L1), with FMA on one vector register per (x row, W row): AVX-512 where the building
+// machine has it, else AVX2, else plain C++.
 //
 // Summation order: element (m, n) is the same fixed-order dot product of x[m] and W[n]
-// (8 lanes over K in steps of 8, a fixed lane reduction, then the K % 8 tail, all with
+// (V lanes over K in steps of V, a fixed lane reduction, then the K % V tail, all with
 // fused multiply-adds) whatever M is and whichever other rows share the call, so a
 // token's outputs do not depend on how many tokens are multiplied with it: a 4-token
 // verify and a 1-token decode give bit-identical rows for the same inputs.
@@ -43,7 +45,6 @@ inline float hsum(__m256 v) {
   sh = _mm_shuffle_ps(lo, lo, 0x55);            // lane 1
   return _mm_cvtss_f32(_mm_add_ss(lo, sh));
 }
-
 
 #if defined(__AVX512F__)
 #define E3_VEC 16
