@@ -61,22 +61,27 @@ def build_dir() -> Path:
     return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"
 
 
-STALE_LOCK_SECONDS = 600
+MODULE_NAME = "eagle3_cpu_small_gemm"
 
 
-def _clear_stale_lock(lock: Path) -> None:
-    """torch's build lock is a plain file; a build killed midway leaves it behind and every
-    later load would wait on it forever. No build takes 10 minutes: remove older locks."""
-    import time
+def _import_built(out: Path) -> Any | None:
+    """The module from a finished earlier build in ``out`` (whose name already pins the
+    source, torch, flags and CPU), imported directly: torch's build step would take the
+    build directory's lock and run ninja at every server start even with nothing to
+    build. None when there is no usable build (then ``load`` builds)."""
+    import importlib.util
 
+    so = out / f"{MODULE_NAME}.so"
+    if not so.is_file():
+        return None
     try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_SECONDS:
-        logger.warning("eagle3_backend.cpu: removing a stale build lock %s (%.0f s old, left "
-                       "by an interrupted build)", lock, age)
-        lock.unlink(missing_ok=True)
+        spec = importlib.util.spec_from_file_location(MODULE_NAME, so)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception as exc:  # a truncated .so from an interrupted link: rebuild
+        logger.warning("eagle3_backend.cpu: could not import %s (%s); rebuilding", so, exc)
+        return None
 
 
 def load() -> Any | None:
@@ -93,10 +98,11 @@ def load() -> Any | None:
 
             out = build_dir()
             out.mkdir(parents=True, exist_ok=True)
-            _clear_stale_lock(out / "lock")
-            module = jit_load(name="eagle3_cpu_small_gemm", sources=[str(SOURCE)],
-                              extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
-                              build_directory=str(out), verbose=False)
+            module = _import_built(out)
+            if module is None:
+                module = jit_load(name=MODULE_NAME, sources=[str(SOURCE)],
+                                  extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                                  build_directory=str(out), verbose=False)
             logger.info("eagle3_backend.cpu: few-row linear kernel ready (%s, AVX2 %s)",
                         out, module.has_avx2())
         except Exception as exc:  # no compiler / ninja / headers: keep the fallback

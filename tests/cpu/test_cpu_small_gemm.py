@@ -126,16 +126,13 @@ def test_few_row_linears_routes_inference_only(kernel):
     assert model[0].weight.grad is not None and model[0].weight.grad.abs().sum() > 0
 
 
-def test_stale_build_lock_is_removed_fresh_one_kept(tmp_path):
-    import os
-    import time
-
-    lock = tmp_path / "lock"
-    lock.write_text("")
-    small_gemm._clear_stale_lock(lock)
-    assert lock.exists()                                  # a build may be running now
-    old = time.time() - small_gemm.STALE_LOCK_SECONDS - 5
-    os.utime(lock, (old, old))
-    small_gemm._clear_stale_lock(lock)
-    assert not lock.exists()                              # left by a killed build
-    small_gemm._clear_stale_lock(lock)                    # no lock: nothing to do
+def test_a_finished_build_is_imported_directly(kernel, tmp_path):
+    """With the .so in place it is imported directly (no build step); a broken or missing
+    .so is reported as unusable (load() then builds)."""
+    mod = small_gemm._import_built(small_gemm.build_dir())
+    assert mod is not None and mod.max_rows == small_gemm.MAX_ROWS
+    x, w = torch.randn(3, 40, generator=_gen(13)), torch.randn(24, 40, generator=_gen(14))
+    assert torch.equal(mod.small_linear(x, w, None), kernel.small_linear(x, w, None))
+    (tmp_path / f"{small_gemm.MODULE_NAME}.so").write_bytes(b"not a shared object")
+    assert small_gemm._import_built(tmp_path) is None
+    assert small_gemm._import_built(tmp_path / "missing") is None
