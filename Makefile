@@ -28,7 +28,7 @@ demo: setup
 # clone, keyed by the training code and arguments, and reused when it exists.
 DRAFT_KEY = $(shell (cat eagle3_backend/train/*.py eagle3_backend/model.py eagle3_backend/config.py; echo '$(DRAFT_TRAIN_ARGS)') | sha256sum | cut -c1-12)
 DRAFT_DIR ?= $(HOME)/.cache/eagle3-backend/drafts/smollm2-$(DRAFT_KEY)
-DRAFT_TRAIN_ARGS ?= --num-prompts 480 --max-new-tokens 96 --steps 600 --seed 0 --threads 1
+DRAFT_TRAIN_ARGS ?= --num-prompts 480 --max-new-tokens 96 --steps 1500 --seed 0 --threads 1
 
 draft: setup
 	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
