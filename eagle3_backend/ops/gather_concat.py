@@ -24,53 +24,54 @@ from eagle3_backend.ops import _dispatch, reference
 SourcesLike = Sequence[torch.Tensor] | torch.Tensor
 
 
-def _as_source_list(sources: SourcesLike) -> list[torch.Tensor]:
+def _as_source_list(sources: SourcesLike, op: str = "gather_concat") -> list[torch.Tensor]:
     """K tensors [T, H] from a sequence of them or one [K, T, H] tensor."""
     if isinstance(sources, torch.Tensor):
         if sources.dim() != 3:
             raise KernelError(
-                f"gather_concat: a single sources tensor must be [K, T, H], got shape "
+                f"{op}: a single sources tensor must be [K, T, H], got shape "
                 f"{tuple(sources.shape)}. Pass a list of [T, H] tensors, or stack them."
             )
         return list(sources.unbind(0))
     sources = list(sources)
     if not sources:
-        raise KernelError("gather_concat: sources is empty; expected K >= 1 tensors [T, H]")
+        raise KernelError(f"{op}: sources is empty; expected K >= 1 tensors [T, H]")
     for k, src in enumerate(sources):
         if not isinstance(src, torch.Tensor) or src.dim() != 2:
             what = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
-            raise KernelError(f"gather_concat: sources[{k}] must be a 2-D tensor [T, H], got {what}")
+            raise KernelError(f"{op}: sources[{k}] must be a 2-D tensor [T, H], got {what}")
     first = sources[0]
     for k, src in enumerate(sources[1:], start=1):
         if src.shape != first.shape:
             raise KernelError(
-                f"gather_concat: sources[{k}] has shape {tuple(src.shape)} but sources[0] has "
+                f"{op}: sources[{k}] has shape {tuple(src.shape)} but sources[0] has "
                 f"{tuple(first.shape)}; every source must be [T, H] with the same T and H "
                 f"(check the layout: all captures come from one target)."
             )
         if src.dtype != first.dtype:
             raise KernelError(
-                f"gather_concat: sources[{k}] is {src.dtype} but sources[0] is {first.dtype}; "
+                f"{op}: sources[{k}] is {src.dtype} but sources[0] is {first.dtype}; "
                 f"cast the sources to one dtype (out_dtype= casts the result)."
             )
         if src.device != first.device:
             raise KernelError(
-                f"gather_concat: sources[{k}] is on {src.device} but sources[0] is on "
+                f"{op}: sources[{k}] is on {src.device} but sources[0] is on "
                 f"{first.device}; move every source to one device."
             )
     return sources
 
 
-def _check_index(index: torch.Tensor, num_source_rows: int, device: torch.device) -> torch.Tensor:
+def _check_index(index: torch.Tensor, num_source_rows: int, device: torch.device,
+                 op: str = "gather_concat") -> torch.Tensor:
     if not isinstance(index, torch.Tensor):
-        raise KernelError(f"gather_concat: index must be a tensor [N], got {type(index).__name__}")
+        raise KernelError(f"{op}: index must be a tensor [N], got {type(index).__name__}")
     if index.dtype not in (torch.int32, torch.int64):
-        raise KernelError(f"gather_concat: index must be int32 or int64, got {index.dtype}")
+        raise KernelError(f"{op}: index must be int32 or int64, got {index.dtype}")
     if index.dim() != 1:
-        raise KernelError(f"gather_concat: index must be 1-D [N], got shape {tuple(index.shape)}")
+        raise KernelError(f"{op}: index must be 1-D [N], got shape {tuple(index.shape)}")
     if index.device != device:
         raise KernelError(
-            f"gather_concat: index is on {index.device} but the sources are on {device}; "
+            f"{op}: index is on {index.device} but the sources are on {device}; "
             f"move index to {device}."
         )
     # Range check only where it costs no device sync (CPU); on CUDA an
@@ -80,7 +81,7 @@ def _check_index(index: torch.Tensor, num_source_rows: int, device: torch.device
         if low < 0 or high >= num_source_rows:
             bad = low if low < 0 else high
             raise KernelError(
-                f"gather_concat: index holds {bad}, outside [0, {num_source_rows}) (the sources "
+                f"{op}: index holds {bad}, outside [0, {num_source_rows}) (the sources "
                 f"have T={num_source_rows} rows)."
             )
     return index.contiguous()

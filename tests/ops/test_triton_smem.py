@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
+from eagle3_backend.ops.triton import fused_fc as triton_fc  # noqa: E402
 from eagle3_backend.ops.triton import gather_concat as triton_gather  # noqa: E402
 from eagle3_backend.ops.triton import verify_tree as triton_verify  # noqa: E402
 from eagle3_backend.ops.triton.smem import SM120_SHARED_LIMIT, shared_memory_bytes  # noqa: E402
@@ -63,6 +64,22 @@ def test_gather_configs_fit_sm120(variant):
     assert used <= SM120_SHARED_LIMIT, f"{name} {config} needs {used} B of shared memory on sm_120"
 
 
+@pytest.mark.parametrize(
+    "variant",
+    list(triton_fc.launch_variants()),
+    ids=lambda v: f"fused_fc-{v[4].block_m}x{v[4].block_n}x{v[4].block_k}-stages{v[4].num_stages}",
+)
+def test_fused_fc_configs_fit_sm120(variant):
+    """The GEMM's pipelined tiles are the project's largest shared-memory user."""
+    name, body, arg_types, constexprs, config = variant
+    used = shared_memory_bytes(
+        body, arg_types, constexprs, num_warps=config.num_warps, num_stages=config.num_stages
+    )
+    tile_bytes = 2 * (config.block_m + config.block_n) * config.block_k  # one bf16 stage of A and W
+    assert used >= tile_bytes, f"{config}: {used} B is less than one stage ({tile_bytes} B): not pipelined?"
+    assert used <= SM120_SHARED_LIMIT, f"{name} {config} needs {used} B of shared memory on sm_120"
+
+
 def test_verify_kernel_fits_sm120():
     types = {
         "predicts_ptr": "*i32", "accept_index_ptr": "*i32", "accept_token_num_ptr": "*i32",
@@ -79,7 +96,8 @@ def test_kernels_use_only_triton_builtins():
     triton.language.standard (tl.zeros, tl.sum, ...) are themselves jit
     functions fixed at import to one of the two modes and break the other,
     so kernels may call only builtins."""
-    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_gather.KERNEL_BODIES.values(), _probe_matmul]
+    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_gather.KERNEL_BODIES.values(),
+              triton_fc._fused_fc_kernel, _probe_matmul]
     for body in bodies:
         for node in ast.walk(ast.parse(inspect.getsource(body))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

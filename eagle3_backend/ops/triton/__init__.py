@@ -1,6 +1,7 @@
 """Triton kernels of eagle3_backend.ops (imported lazily: triton is optional).
 
 One module per op: ``gather_concat`` (gather + concat, capture_into),
-``verify_tree`` (greedy tree verification); ``smem`` measures a config's
+``verify_tree`` (greedy tree verification), ``fused_fc`` (the draft fc
+GEMM reading the K sources directly, experimental); ``smem`` measures a config's
 shared memory for sm_120 without a GPU.
 """
