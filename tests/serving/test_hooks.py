@@ -146,7 +146,8 @@ def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     monkeypatch.setattr(hooks, "_resolve", resolve)
     monkeypatch.delenv(checks.PLAN_ENV, raising=False)
     plugin()
-    assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after")]
+    assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after"),
+                     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before")]
     calls.clear()
     plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
                        hidden_size=8, draft_path="d", layout_source="explicit")

@@ -1,0 +1,65 @@
+"""Prompts that would stop the scheduler are refused in the launcher with the reason.
+
+The end-to-end check (real server, HTTP 400, server still serving) is in
+tests/cpu/test_cpu_server.py; these pin the rule and its messages, on
+SGLang's own request object.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from eagle3_backend.serving.requests import before_validate_one_request, prompt_problem
+
+pytestmark = pytest.mark.sglang
+
+VOCAB = 49152
+
+
+@pytest.fixture
+def generate_req():
+    io_struct = pytest.importorskip("sglang.srt.managers.io_struct")
+
+    def make(**fields):
+        return io_struct.GenerateReqInput(sampling_params={"max_new_tokens": 4}, **fields)
+    return make
+
+
+def test_ordinary_prompts_pass(generate_req):
+    assert prompt_problem(generate_req(text="hi"), [12, 0, VOCAB - 1], VOCAB) is None
+    assert prompt_problem(generate_req(input_ids=[5]), [5], VOCAB) is None
+
+
+def test_empty_prompt(generate_req):
+    assert prompt_problem(generate_req(text=""), [], VOCAB) == (
+        "The prompt is empty (0 tokens after tokenization). Send at least one token: "
+        "non-empty text, or input_ids with one or more ids.")
+
+
+@pytest.mark.parametrize("ids,bad,pos", [([3, VOCAB], VOCAB, 1), ([-1, 4], -1, 0), ([7, 10**9, -5], -5, 2)])
+def test_out_of_vocabulary_ids(generate_req, ids, bad, pos):
+    assert prompt_problem(generate_req(input_ids=ids), ids, VOCAB) == (
+        f"input_ids contains token id {bad} at position {pos}, outside the model's vocabulary "
+        f"[0, {VOCAB}). Tokenize with this model's tokenizer.")
+
+
+@pytest.mark.parametrize("token", ["7", 1.5, True, None])
+def test_non_integer_ids(generate_req, token):
+    problem = prompt_problem(generate_req(input_ids=[1, token]), [1, token], VOCAB)
+    assert problem.startswith(f"input_ids[1] is {token!r} ({type(token).__name__}); input_ids must be")
+
+
+def test_multimodal_and_embedding_requests_are_left_to_sglang(generate_req):
+    # Multimodal prompts carry placeholder ids; embeddings have no ids at all.
+    assert prompt_problem(generate_req(text="<image>", image_data="x.png"), [VOCAB + 10], VOCAB) is None
+    assert prompt_problem(generate_req(input_embeds=[[0.0]]), None, VOCAB) is None
+
+
+def test_handler_raises_the_value_error_sglang_turns_into_a_400(generate_req):
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB))
+    obj = generate_req(input_ids=[VOCAB + 1])
+    with pytest.raises(ValueError, match=rf"token id {VOCAB + 1} at position 0"):
+        before_validate_one_request(manager, obj, [VOCAB + 1])
+    assert before_validate_one_request(manager, obj=generate_req(text="a"), input_ids=[1]) is None
