@@ -127,6 +127,10 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
             "negative max_new_tokens": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}),
             "unknown sampling field": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "bogus": 1}}),
             "not an object": srv.post("/generate", b"[1, 2]"),
+            # These two stopped the whole server from the scheduler before the
+            # plugin's request check (eagle3_backend/serving/requests.py).
+            "empty prompt": srv.post("/generate", {"text": "", "sampling_params": {"max_new_tokens": 4}}),
+            "out-of-vocabulary id": srv.post("/generate", {"input_ids": [1, 10**9], "sampling_params": {"max_new_tokens": 4}}),
         }
         name, (ids, n) = next(iter(prompts.items()))
         after = srv.generate(ids, n, timeout=REQUEST_TIMEOUT)
@@ -134,6 +138,8 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
     _assert_same_tokens(outs, reference_outputs, "EAGLE-3 chain, random draft")
     for what, (status, body) in bad.items():
         assert 400 <= status < 500, f"{what}: HTTP {status} {str(body)[:200]}"
+    assert "The prompt is empty" in str(bad["empty prompt"][1])
+    assert "token id 1000000000 at position 1" in str(bad["out-of-vocabulary id"][1])
     assert after["output_ids"] == reference_outputs[name]["output_ids"], "server state changed after bad requests"
     lengths = [_accept_length(o) for o in outs.values()]
     assert all(1.0 <= a <= 4.0 for a in lengths), lengths
