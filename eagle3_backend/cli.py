@@ -8,6 +8,7 @@
     eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE.jsonl [--json]
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
     eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE.jsonl] [--minutes M]
+    eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE.jsonl]   (exit 0 fits, 1 mismatch)
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
@@ -102,6 +103,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     target = _target(args.target)
     loaded = load_draft(args.src, target=target, allow_pickle=args.allow_pickle,
                         ids_as=args.ids_as)
+    if args.layout:
+        loaded = _relabel_layout(loaded, args.layout)
     save = save_sglang if args.to == "sglang" else save_speculators
     out = save(loaded, args.dst, target=target, force=args.force)
     print(f"wrote {out} ({args.to} format, {loaded.dtype}, layout {loaded.layout}, "
@@ -109,6 +112,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for w in loaded.warnings:
         print(f"warning: {w}")
     return EXIT_OK
+
+
+def _relabel_layout(loaded: Any, text: str) -> Any:
+    """The draft with its fc slots declared to be ``text`` (same fc columns, new labels)."""
+    import dataclasses
+
+    from eagle3_backend.errors import LayoutMismatch
+    from eagle3_backend.layout import Layout
+
+    layout = Layout.parse(text)
+    if len(layout) != len(loaded.layout):
+        raise LayoutMismatch(
+            f"--layout {layout} has {len(layout)} sources but the draft's fc reads "
+            f"{len(loaded.layout)} (recorded {loaded.layout}); give one source per fc slot.")
+    if loaded.target_num_layers is not None:
+        layout.check_range(loaded.target_num_layers)
+    return dataclasses.replace(
+        loaded, config=dataclasses.replace(loaded.config, layout=layout), layout_source="explicit",
+        layout_explanation=f"set by eagle3 convert --layout (was {loaded.layout}, "
+                           f"{loaded.layout_source})")
 
 
 # ----------------------------------------------------------------------------- validate
@@ -300,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", choices=("sglang", "speculators"), required=True)
     sp.add_argument("--target", metavar="T", help="target config.json, model dir or GGUF")
     sp.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    sp.add_argument("--layout", metavar="LAYOUT",
+                    help="record this layout for the fc slots, in their current order, instead of "
+                         "the one read from SRC (e.g. the layout `eagle3 doctor` found)")
     ckpt_opts(sp)
     sp.set_defaults(func=cmd_convert)
 
@@ -330,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     from eagle3_backend.train.cli import add_train_parser
     add_train_parser(sub)
+    from eagle3_backend.doctor import add_doctor_parser
+    add_doctor_parser(sub)
     return p
 
 
