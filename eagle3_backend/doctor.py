@@ -84,11 +84,14 @@ class Score:
 
 @dataclass(slots=True)
 class DoctorReport:
+    """Every layout's score, best first; ``recorded`` is the one the checkpoint records
+    (also in ``scores``); ``z`` is the paired z of the best over the recorded."""
+
     draft: str
     target: str
     layout_source: str
     prompts: int
-    scores: list[Score]                       # best first; the recorded layout is scores[i].why
+    scores: list[Score]
     recorded: Score
     verdict: str
     message: str
