@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 OK, MISMATCH, WEAK = "ok", "mismatch", "weak"
 WEAK_TOP1 = 0.10          # below this under every layout, the layout is not the problem
+ACCEPT_STEPS = 3          # TTT steps behind the expected chain acceptance length
 MIN_GAIN = 0.02           # a candidate must beat the recorded layout by at least this much ...
 Z_MISMATCH = 3.0          # ... and by 3 standard errors of the paired difference (McNemar)
 
@@ -142,48 +143,61 @@ def candidate_layouts(recorded: Layout, num_layers: int,
 
 
 # ---------------------------------------------------------------------------- scoring
-@torch.no_grad()
-def score_layouts(draft: Any, sequences: Sequence[Any], all_sources: Layout,
-                  candidates: Sequence[Candidate], batch_tokens: int = 2048) -> list[Score]:
-    """First-step top-1 of ``draft`` under each candidate layout.
+class _Scorer:
+    """The draft run over captured states with the fc input of any layout.
 
     sequences: DataSequence-like (tokens [L], prompt_len, aux [L-1, len(all_sources)*H]
-    holding every source of ``all_sources``). Rows scored: answer positions whose
-    next-but-one token is known, as in training (``eagle3 train``'s held-out top-1).
+    holding every source of ``all_sources``). Rows scored at TTT step j: answer
+    positions i whose token x_{i+2+j} is known, as ``eagle3 train`` scores them.
     """
-    from eagle3_backend.train.trainer import collate, ttt_forward
 
-    hidden = draft.config.target_hidden_size
-    slot_of = {s: i for i, s in enumerate(all_sources.sources)}
-    order = sorted(range(len(sequences)), key=lambda i: sequences[i].aux.shape[0])
-    groups, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * sequences[i].aux.shape[0] > batch_tokens:
+    def __init__(self, draft: Any, sequences: Sequence[Any], all_sources: Layout,
+                 ttt_steps: int, batch_tokens: int = 2048) -> None:
+        from eagle3_backend.train.trainer import collate
+
+        self.draft, self.all_sources, self.ttt_steps = draft, all_sources, ttt_steps
+        self.slot_of = {s: i for i, s in enumerate(all_sources.sources)}
+        order = sorted(range(len(sequences)), key=lambda i: sequences[i].aux.shape[0])
+        groups, cur = [], []
+        for i in order:
+            if cur and (len(cur) + 1) * sequences[i].aux.shape[0] > batch_tokens:
+                groups.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
             groups.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        groups.append(cur)
-    batches = [collate([sequences[i] for i in g], ttt_steps=1) for g in groups]
-    head = draft.head_weight                                             # [Vd, H]
-    scores = []
-    for cand in candidates:
-        index = torch.tensor([slot_of[s] for s in cand.layout.sources])
-        hits = []
-        for b in batches:
+        self.batches = [collate([sequences[i] for i in g], ttt_steps) for g in groups]
+
+    @torch.no_grad()
+    def hits(self, layout: Layout, steps: int = 1) -> list[torch.Tensor]:
+        """[scored rows] bool per TTT step: the draft's top-1 equals the target's token."""
+        from eagle3_backend.train.trainer import ttt_forward
+
+        if steps > self.ttt_steps:
+            raise ValueError(f"scorer built for {self.ttt_steps} TTT steps, asked for {steps}")
+        draft, hidden = self.draft, self.draft.config.target_hidden_size
+        head = draft.head_weight                                                  # [Vd, H]
+        index = torch.tensor([self.slot_of[s] for s in layout.sources])
+        per_step: list[list[torch.Tensor]] = [[] for _ in range(steps)]
+        for b in self.batches:
             B, T = b.aux.shape[:2]
-            aux = b.aux.view(B, T, len(all_sources), hidden)[:, :, index].reshape(B, T, -1)
-            normed = next(ttt_forward(draft, b.tokens, aux.to(head.dtype), 1))    # [B, T, H]
+            aux = b.aux.view(B, T, len(self.all_sources), hidden)[:, :, index].reshape(B, T, -1)
             rows = torch.arange(T)[None]
-            use = (rows >= b.prompt_lens[:, None] - 1) & (rows + 1 <= b.lengths[:, None] - 2)
-            if not bool(use.any()):
-                continue
-            pred = draft.draft_to_target((normed[use] @ head.T).argmax(dim=-1))  # [R] target ids
-            want = b.tokens[:, 2:2 + T][use]                                      # x_{i+2}
-            hits.append(pred.cpu() == want)
-        scores.append(Score(cand.layout, cand.why,
-                            torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)))
-    return scores
+            answer = rows >= b.prompt_lens[:, None] - 1
+            for j, normed in enumerate(ttt_forward(draft, b.tokens, aux.to(head.dtype), steps)):
+                use = answer & (rows + 1 + j <= b.lengths[:, None] - 2)
+                if bool(use.any()):
+                    pred = draft.draft_to_target((normed[use] @ head.T).argmax(dim=-1))  # target ids
+                    per_step[j].append(pred.cpu() == b.tokens[:, 2 + j:2 + j + T][use])  # x_{i+2+j}
+        return [torch.cat(h) if h else torch.zeros(0, dtype=torch.bool) for h in per_step]
+
+    def expected_acceptance(self, layout: Layout) -> tuple[list[float], float]:
+        """Top-1 of each TTT step and the chain acceptance length they imply."""
+        from eagle3_backend.train.trainer import expected_acceptance_length
+
+        top1 = [float(h.float().mean()) if h.numel() else 0.0
+                for h in self.hits(layout, self.ttt_steps)]
+        return top1, float(expected_acceptance_length(top1))
 
 
 def paired_z(better: Score, worse: Score) -> float:
@@ -213,7 +227,7 @@ def judge(scores: Sequence[Score]) -> tuple[str, str, float, list[Score]]:
         return MISMATCH, (
             f"the draft behaves as if trained on {best.layout} (top-1 {best.top1:.3f}), not on the "
             f"recorded {recorded.layout} (top-1 {recorded.top1:.3f}; paired z = {z:.1f}): {best.why}. "
-            f"Served as recorded, acceptance collapses. Record the layout it was trained on: "
+            f"Record the layout it was trained on: "
             f"eagle3 convert DRAFT OUT --to sglang --layout \"{best.layout}\", then run the doctor "
             "on OUT."), z, ranked
     if best is recorded:
@@ -284,14 +298,30 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any]) -> Doct
     loaded = load_draft(draft_path, target=info)
     draft = attach_draft(load_draft_model(draft_path, target, dtype=torch.float32), target)
     candidates = candidate_layouts(draft.config.layout, target.num_layers)
-    scores = score_layouts(draft, states, all_sources(target.num_layers), candidates)
+    sources = all_sources(target.num_layers)
+    scorer = _Scorer(draft, states, sources, ACCEPT_STEPS)
+    scores = [Score(c.layout, c.why, scorer.hits(c.layout)[0]) for c in candidates]
     verdict, message, z, ranked = judge(scores)
+    acceptance = {}
+    for name, score in (("recorded", scores[0]), ("best", ranked[0])):
+        if name == "best" and score is scores[0]:
+            acceptance[name] = acceptance["recorded"]
+            continue
+        top1, length = scorer.expected_acceptance(score.layout)
+        acceptance[name] = {"layout": score.layout.to_strings(),
+                            "top1_by_step": [round(a, 4) for a in top1],
+                            "expected_acceptance_length": round(length, 3)}
+    if verdict == MISMATCH:
+        message += (f" Served as recorded, the expected chain acceptance is "
+                    f"{acceptance['recorded']['expected_acceptance_length']:.2f} instead of "
+                    f"{acceptance['best']['expected_acceptance_length']:.2f}.")
     return DoctorReport(
         draft=str(draft_path), target=str(target.path), layout_source=loaded.layout_source,
         prompts=len(states), scores=ranked, recorded=scores[0], verdict=verdict,
         message=message, z=z,
         extra={"layout_explanation": loaded.layout_explanation,
-               "answer_tokens": sum(s.answer_len for s in states)})
+               "answer_tokens": sum(s.answer_len for s in states),
+               "expected_chain_acceptance": acceptance})
 
 
 # -------------------------------------------------------------------------------- CLI
@@ -366,6 +396,15 @@ def format_report(report: DoctorReport) -> str:
     for s in report.scores:
         mark = "*" if s is report.recorded else " "
         lines.append(f"  {mark} {str(s.layout):<{width}}  {s.top1:.3f}   {s.why}")
+    acc = report.extra.get("expected_chain_acceptance", {})
+    if acc:
+        lines.append("")
+        for name in ("recorded", "best") if report.best is not report.recorded else ("recorded",):
+            a = acc[name]
+            steps = ", ".join(f"{x:.3f}" for x in a["top1_by_step"])
+            lines.append(f"  {name} {Layout.parse(a['layout'])}: top-1 by draft step [{steps}] -> "
+                         f"expected chain acceptance {a['expected_acceptance_length']:.2f} "
+                         f"({len(a['top1_by_step'])} steps, steps taken as independent)")
     lines += ["", f"{report.verdict.upper()}: {report.message}"]
     if report.verdict == MISMATCH and report.layout_source != "explicit":
         lines.append(f"  (this draft's layout is {report.layout_source}, so EAGLE3_LAYOUT=\""

@@ -148,6 +148,11 @@ def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
     # near-tie may round the other way on some CPU; no more than one token.
     assert int((bad.best.hits != good.recorded.hits).sum()) <= 1
     assert bad.z >= 3 and bad.best.top1 - bad.recorded.top1 >= 0.02
+    acc = bad.extra["expected_chain_acceptance"]
+    assert acc["best"]["top1_by_step"][0] == pytest.approx(bad.best.top1, abs=1e-4)
+    assert acc["recorded"]["top1_by_step"][0] == pytest.approx(bad.recorded.top1, abs=1e-4)
+    assert acc["recorded"]["expected_acceptance_length"] < acc["best"]["expected_acceptance_length"]
+    assert f'expected chain acceptance is {acc["recorded"]["expected_acceptance_length"]:.2f}' in bad.message
 
     fixed_dir = _convert(bad_dir, tmp_path / "fixed", str(bad.best.layout))
     fixed = diagnose(fixed_dir, smollm2, states)
@@ -160,6 +165,8 @@ def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
     assert original.keys() == restored.keys()
     assert all(torch.equal(original[k], restored[k]) for k in original)
     assert torch.equal(fixed.recorded.hits, good.recorded.hits)
+    assert (fixed.extra["expected_chain_acceptance"]["recorded"]
+            == good.extra["expected_chain_acceptance"]["recorded"])
 
 
 @pytest.mark.slow
