@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft eval-draft serve-cpu test test-fast ext clean
+.PHONY: setup demo draft eval-draft doctor-draft serve-cpu test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -40,6 +40,10 @@ eval-draft: draft
 	@mkdir -p benchmarks/results
 	$(PY) -m eagle3_backend eval --draft $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench \
 		--limit 8 --max-new-tokens 64 --threads 1 --dtype float32 --output-dir benchmarks/results --name eval-smollm2-draft
+
+# Which hidden states that draft fits (exit 0: its recorded layout; 1: a mismatch, with the fix).
+doctor-draft: draft
+	$(PY) -m eagle3_backend doctor $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench --limit 8 --threads 1
 
 # Real SGLang EAGLE-3 on this CPU (eagle3_backend.cpu): the bundled SmolLM2 as a HF dir + the draft.
 SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
