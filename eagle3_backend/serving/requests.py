@@ -8,7 +8,9 @@ request in flight is lost):
   ``"input_ids": []``): a 0-token prefill fails in the target forward;
 * a token id outside the vocabulary (``"input_ids": [1000000000]`` or a
   negative id): the embedding lookup indexes out of range (on a GPU, a
-  device-side assert that poisons the CUDA context).
+  device-side assert that poisons the CUDA context);
+* ``top_logprobs_num`` larger than the vocabulary: ``topk`` over the
+  logprobs fails in the sampler.
 
 The handler runs BEFORE ``TokenizerManager._validate_one_request`` in the
 launcher process, where SGLang turns a ValueError into a 400 response, the
@@ -26,7 +28,11 @@ _MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data", "input_embeds")
 
 
 def prompt_problem(obj: Any, input_ids: Sequence[int] | None, vocab_size: int) -> str | None:
-    """Why this tokenized prompt cannot be served, or None when it can."""
+    """Why this tokenized request cannot be served, or None when it can."""
+    top = getattr(obj, "top_logprobs_num", None)
+    if isinstance(top, int) and not isinstance(top, bool) and top > vocab_size:
+        return (f"top_logprobs_num is {top}, larger than the model's vocabulary ({vocab_size} "
+                f"tokens); ask for at most {vocab_size} top logprobs.")
     if input_ids is None or any(getattr(obj, name, None) is not None for name in _MULTIMODAL_FIELDS):
         return None
     if len(input_ids) == 0:

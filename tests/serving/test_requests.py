@@ -63,3 +63,12 @@ def test_handler_raises_the_value_error_sglang_turns_into_a_400(generate_req):
     with pytest.raises(ValueError, match=rf"token id {VOCAB + 1} at position 0"):
         before_validate_one_request(manager, obj, [VOCAB + 1])
     assert before_validate_one_request(manager, obj=generate_req(text="a"), input_ids=[1]) is None
+
+
+def test_top_logprobs_beyond_the_vocabulary(generate_req):
+    obj = generate_req(text="hi", return_logprob=True, top_logprobs_num=VOCAB + 1)
+    assert prompt_problem(obj, [5], VOCAB) == (
+        f"top_logprobs_num is {VOCAB + 1}, larger than the model's vocabulary ({VOCAB} tokens); "
+        f"ask for at most {VOCAB} top logprobs.")
+    ok = generate_req(text="hi", return_logprob=True, top_logprobs_num=VOCAB)
+    assert prompt_problem(ok, [5], VOCAB) is None
