@@ -33,9 +33,8 @@ def plugin() -> None:
     """The ``sglang.srt.plugins`` entry point: verify the hook table, then register.
 
     ``main`` rows (the launcher's pre-load checks, and the request check that
-    answers an empty prompt or an out-of-vocabulary id with a 400 instead of
-    letting it stop the scheduler) are registered in every process, for every
-    launch. The scheduler-side rows only in the processes of an EAGLE-3
+    answers requests that would stop the scheduler with a 400) are registered
+    in every process, for every launch. The scheduler-side rows only in the processes of an EAGLE-3
     launch that passed those checks (the launcher hands them the checked plan
     in ``$EAGLE3_SERVING_PLAN``), so other launches import nothing more.
 

@@ -83,7 +83,8 @@ HOOKS: tuple[Hook, ...] = (
     # -- launcher: requests that would stop the scheduler get a 400 ----------------------
     Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE,
          "(self, obj, input_ids)", "main", f"{_S}.requests:before_validate_one_request",
-         "an empty prompt or an out-of-vocabulary token id raises in the scheduler and stops the server"),
+         "an empty prompt, an out-of-vocabulary token id or top_logprobs_num above the vocabulary "
+         "raises in the scheduler and stops the server"),
     # -- scheduler: layout-exact capture --------------------------------------------------
     Hook(_CONFIGURE, AROUND,
          "(*, model, eagle_use_aux_hidden_state, eagle_aux_hidden_state_layer_ids, "

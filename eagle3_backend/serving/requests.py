@@ -1,11 +1,11 @@
 """Refuse requests that would stop the server, with an HTTP 400 that says why.
 
-SGLang 0.5.23 passes two kinds of prompt straight to the model, where they
+SGLang 0.5.23 passes three kinds of request straight to the model, where they
 raise inside the scheduler process and take the whole server down (every
 request in flight is lost):
 
-* an empty prompt (``"text": ""`` with a tokenizer that adds no BOS, or
-  ``"input_ids": []``): a 0-token prefill fails in the target forward;
+* an empty prompt (``"text": ""``, alone or in a batch, with a tokenizer that
+  adds no BOS): a 0-token prefill fails in the target forward;
 * a token id outside the vocabulary (``"input_ids": [1000000000]`` or a
   negative id): the embedding lookup indexes out of range (on a GPU, a
   device-side assert that poisons the CUDA context);

@@ -131,6 +131,8 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
             # plugin's request check (eagle3_backend/serving/requests.py).
             "empty prompt": srv.post("/generate", {"text": "", "sampling_params": {"max_new_tokens": 4}}),
             "out-of-vocabulary id": srv.post("/generate", {"input_ids": [1, 10**9], "sampling_params": {"max_new_tokens": 4}}),
+            "top_logprobs_num > vocab": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4},
+                                                              "return_logprob": True, "top_logprobs_num": 10**5}),
         }
         name, (ids, n) = next(iter(prompts.items()))
         after = srv.generate(ids, n, timeout=REQUEST_TIMEOUT)
@@ -140,6 +142,7 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
         assert 400 <= status < 500, f"{what}: HTTP {status} {str(body)[:200]}"
     assert "The prompt is empty" in str(bad["empty prompt"][1])
     assert "token id 1000000000 at position 1" in str(bad["out-of-vocabulary id"][1])
+    assert "top_logprobs_num is 100000, larger than the model's vocabulary" in str(bad["top_logprobs_num > vocab"][1])
     assert after["output_ids"] == reference_outputs[name]["output_ids"], "server state changed after bad requests"
     lengths = [_accept_length(o) for o in outs.values()]
     assert all(1.0 <= a <= 4.0 for a in lengths), lengths
