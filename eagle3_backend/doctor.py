@@ -153,20 +153,11 @@ class _Scorer:
 
     def __init__(self, draft: Any, sequences: Sequence[Any], all_sources: Layout,
                  ttt_steps: int, batch_tokens: int = 2048) -> None:
-        from eagle3_backend.train.trainer import collate
+        from eagle3_backend.train.trainer import make_batches
 
         self.draft, self.all_sources, self.ttt_steps = draft, all_sources, ttt_steps
         self.slot_of = {s: i for i, s in enumerate(all_sources.sources)}
-        order = sorted(range(len(sequences)), key=lambda i: sequences[i].aux.shape[0])
-        groups, cur = [], []
-        for i in order:
-            if cur and (len(cur) + 1) * sequences[i].aux.shape[0] > batch_tokens:
-                groups.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            groups.append(cur)
-        self.batches = [collate([sequences[i] for i in g], ttt_steps) for g in groups]
+        self.batches = make_batches(sequences, batch_tokens, ttt_steps)  # fixed order: no rng
 
     @torch.no_grad()
     def hits(self, layout: Layout, steps: int = 1) -> list[torch.Tensor]:
