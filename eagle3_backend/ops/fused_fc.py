@@ -93,16 +93,17 @@ def fused_fc(
         raise KernelError(f"{_OP}: backend must be one of {FC_BACKENDS}, got {backend!r}")
     if name == "triton":
         why = _dispatch._why_not("triton", first.device, (first.dtype,))
-        if why is None and len(srcs) > 8:
-            why = f"{len(srcs)} sources; the kernel takes at most 8"
+        if why is None:  # triton is installed
+            from eagle3_backend.ops.triton import fused_fc as triton_fc
+
+            if len(srcs) > triton_fc.MAX_SOURCES:
+                why = f"{len(srcs)} sources; the kernel takes at most {triton_fc.MAX_SOURCES}"
         tensors = [*srcs, weight, out] + ([bias] if bias is not None else [])
         if why is None and any(t.stride(-1) != 1 and t.shape[-1] > 1 for t in tensors):
             why = "a tensor has a non-unit inner stride (the kernel needs 1)"
         if why is not None:
             raise KernelError(f"{_OP}: backend='triton' cannot run this call: {why}. Use backend='torch'.")
-        from eagle3_backend.ops.triton import fused_fc as triton_fc
-
-        return triton_fc.fused_fc(srcs, index, weight, bias.contiguous() if bias is not None else None, out)
+        return triton_fc.fused_fc(srcs, index, weight, bias, out)  # bias, if any, has unit stride (checked)
     fc_input = gather_concat(srcs, index)  # [N, K*H]
     if bias is None:
         return torch.mm(fc_input, weight.t(), out=out)
