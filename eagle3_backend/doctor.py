@@ -324,7 +324,9 @@ def add_doctor_parser(subparsers: Any) -> Any:
                     "recorded layout and the plausible miswirings of it: off-by-one layer ids, "
                     "another fc order, embed vs layer_input:1, engine defaults. Exit 0 when the "
                     "recorded layout fits, 1 when another fits clearly better or none fits, 2 on "
-                    "bad input.")
+                    "bad input. With --url it also sends the prompts to a live server and "
+                    "compares its acceptance length with the offline verifier's (a server "
+                    "without the plugin, or serving another draft or target, accepts less).")
     p.add_argument("draft", metavar="DRAFT", help="draft checkpoint directory (any supported format)")
     p.add_argument("--target", default="bundled",
                    help="HF model dir or .gguf file (default: the bundled SmolLM2-135M-Instruct GGUF)")
@@ -339,6 +341,14 @@ def add_doctor_parser(subparsers: Any) -> Any:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode the raw user text (default: the target tokenizer's chat template)")
+    p.add_argument("--url", default=None, metavar="URL",
+                   help="also check a live SGLang server (e.g. http://127.0.0.1:30000) serving this "
+                        "draft on this target: its acceptance length on the same prompts must match "
+                        "the offline verifier's with the server's own settings")
+    p.add_argument("--serve-only", action="store_true",
+                   help="with --url: skip the layout scoring, only compare served vs offline")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds each request to --url may take (default 300)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("--plot", metavar="PNG", default=None, help="also draw the scores as a bar chart")
     p.add_argument("--no-progress", action="store_true")
@@ -355,23 +365,47 @@ def run_doctor(args: Any) -> int:
     if args.limit < 1 or args.max_new_tokens < 1:
         raise Eagle3Error(f"--limit ({args.limit}) and --max-new-tokens ({args.max_new_tokens}) "
                           "must be >= 1.")
+    if args.serve_only and not args.url:
+        raise Eagle3Error("--serve-only needs --url URL: the live server to check.")
+    if not args.timeout > 0:
+        raise Eagle3Error(f"--timeout must be > 0 seconds, got {args.timeout}.")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.target, dtype=args.dtype, device=device)
     prompts = load_prompts(args.dataset, limit=args.limit)
-    states = collect_states(target, prompts, max_new_tokens=args.max_new_tokens,
-                            chat_template=not args.no_chat_template, progress=not args.no_progress)
-    report = diagnose(args.draft, target, states)
-    report.extra.update({"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
-                         "chat_template": not args.no_chat_template})
+    run = {"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
+           "chat_template": not args.no_chat_template}
+    report = serve = None
+    if not args.serve_only:
+        states = collect_states(target, prompts, max_new_tokens=args.max_new_tokens,
+                                chat_template=not args.no_chat_template,
+                                progress=not args.no_progress)
+        report = diagnose(args.draft, target, states)
+        report.extra.update(run)
+    if args.url:
+        from eagle3_backend.serve_check import check_server
+
+        serve = check_server(args.url, args.draft, target, prompts,
+                             max_new_tokens=args.max_new_tokens,
+                             chat_template=not args.no_chat_template, timeout_s=args.timeout,
+                             progress=not args.no_progress)
     if args.plot:
-        plot_scores(report, args.plot)
+        plot_scores(report, args.plot, serve)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        out = report.as_dict() if report is not None else {"draft": str(args.draft),
+                                                             "target": str(target.path), **run}
+        if serve is not None:
+            out["serve"] = serve.as_dict()
+        print(json.dumps(out, indent=2))
     else:
-        print(format_report(report))
-    return 0 if report.verdict == OK else 1
+        from eagle3_backend.serve_check import format_serve_report
+
+        parts = ([format_report(report)] if report is not None else []) + (
+            [format_serve_report(serve)] if serve is not None else [])
+        print("\n\n".join(parts))
+    verdicts = [r.verdict for r in (report, serve) if r is not None]
+    return 0 if all(v == OK for v in verdicts) else 1
 
 
 def format_report(report: DoctorReport) -> str:
@@ -403,22 +437,48 @@ def format_report(report: DoctorReport) -> str:
     return "\n".join(lines)
 
 
-def plot_scores(report: DoctorReport, path: str | Path) -> Path:
-    """Horizontal bars of top-1 per layout, the recorded one highlighted."""
+def plot_scores(report: DoctorReport | None, path: str | Path, serve: Any = None) -> Path:
+    """Horizontal bars of top-1 per layout, the recorded one highlighted; with a
+    :class:`eagle3_backend.serve_check.ServeReport`, a second panel of offline vs served
+    acceptance length per prompt."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scores = list(reversed(report.scores))  # best at the top
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(scores) + 1.6))
-    colors = ["tab:red" if s is report.recorded else "tab:blue" for s in scores]
-    ax.barh([str(s.layout) for s in scores], [s.top1 for s in scores], color=colors)
-    ax.set_xlabel("first-step top-1 vs the target's greedy token")
-    ax.set_title(f"eagle3 doctor: {report.verdict.upper()} (recorded layout in red)\n"
-                 f"{Path(report.draft).name} on {Path(report.target).name}, "
-                 f"{report.recorded.scored} tokens", fontsize=9)
-    ax.tick_params(axis="y", labelsize=7)
+    panels = [p for p in (report, serve) if p is not None]
+    if not panels:
+        raise Eagle3Error("nothing to plot: no layout report and no serve report")
+    heights = [0.35 * len(report.scores) + 1.6] if report is not None else []
+    if serve is not None:
+        heights.append(0.3 * len(serve.prompts) + 1.8)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights)),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    axes = list(axes[:, 0])
+    if report is not None:
+        ax = axes.pop(0)
+        scores = list(reversed(report.scores))  # best at the top
+        colors = ["tab:red" if s is report.recorded else "tab:blue" for s in scores]
+        ax.barh([str(s.layout) for s in scores], [s.top1 for s in scores], color=colors)
+        ax.set_xlabel("first-step top-1 vs the target's greedy token")
+        ax.set_title(f"eagle3 doctor: {report.verdict.upper()} (recorded layout in red)\n"
+                     f"{Path(report.draft).name} on {Path(report.target).name}, "
+                     f"{report.recorded.scored} tokens", fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+    if serve is not None:
+        ax = axes.pop(0)
+        names = [p.id for p in serve.prompts] + ["all"]
+        offline = [p.offline_acceptance for p in serve.prompts] + [serve.offline_acceptance]
+        served = [p.served_acceptance for p in serve.prompts] + [serve.served_acceptance]
+        y = torch.arange(len(names), dtype=torch.float64).flip(0).tolist()
+        ax.barh([v + 0.2 for v in y], offline, height=0.4, color="tab:blue", label="offline verifier")
+        ax.barh([v - 0.2 for v in y], served, height=0.4, color="tab:orange", label=f"server {serve.url}")
+        ax.set_yticks(y, names, fontsize=7)
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("acceptance length (tokens per verify step)")
+        ax.set_title(f"served vs offline: SERVE {serve.verdict.upper()} (paired t = {serve.t:.1f})",
+                     fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

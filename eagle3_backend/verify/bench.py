@@ -75,6 +75,7 @@ class RequestResult:
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
     spec_histogram: list[int] | None = None
+    output_ids: list[int] | None = None  # native API only
 
 
 @dataclass(slots=True)
@@ -165,7 +166,12 @@ def _parse_response(api: str, data: Any) -> dict[str, Any]:
             raise ValueError("no meta_info.completion_tokens in the /generate response")
         spec = meta
         usage_tokens, prompt_tokens = meta["completion_tokens"], meta.get("prompt_tokens")
+        output_ids = data.get("output_ids")
+        if output_ids is not None and not (isinstance(output_ids, list)
+                                           and all(isinstance(i, int) for i in output_ids)):
+            raise ValueError("output_ids in the /generate response is not a list of token ids")
     else:
+        output_ids = None
         usage = data.get("usage")
         if not isinstance(usage, dict) or "completion_tokens" not in usage:
             raise ValueError("no usage.completion_tokens in the chat completion response")
@@ -181,6 +187,7 @@ def _parse_response(api: str, data: Any) -> dict[str, Any]:
         "spec_accept_length": spec.get("spec_accept_length") if verify else None,
         "spec_verify_ct": int(verify) if verify else None,
         "spec_histogram": list(spec.get("spec_correct_drafts_histogram") or []) or None,
+        "output_ids": output_ids,
     }
 
 
@@ -325,7 +332,8 @@ def run_benchmark(
             for role, server in servers.items():
                 level = await run_level(server, prompts, c, settings, progress, label=role)
                 entry[role] = level.summary()
-                out["requests"].setdefault(role, {})[str(c)] = [asdict(r) for r in level.requests]
+                out["requests"].setdefault(role, {})[str(c)] = [
+                    {k: v for k, v in asdict(r).items() if k != "output_ids"} for r in level.requests]
                 out["errors"].extend({"server": role, "concurrency": c, "index": r.index,
                                       "error": r.error} for r in level.requests if not r.ok)
             base = entry.get("baseline")

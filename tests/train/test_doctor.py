@@ -14,6 +14,8 @@ import json
 import pytest
 import torch
 
+from doctor_draft import NEW_TOKENS, PROMPTS, TRAINED, mislabel
+
 from eagle3_backend.cli import main
 from eagle3_backend.doctor import (
     MISMATCH,
@@ -28,13 +30,6 @@ from eagle3_backend.doctor import (
 )
 from eagle3_backend.layout import Layout
 
-TRAINED = "[layer_input:2, layer_input:15, layer_input:27]"
-PROMPTS = ["What is the capital of France?", "Explain photosynthesis briefly.",
-           "Write a haiku about rain.", "Give three tips for studying.", "What is a prime number?",
-           "Describe a cat in two sentences.", "How do airplanes fly?", "Name four planets.",
-           "What is machine learning?", "Why is the sky blue?", "Suggest a name for a dog.",
-           "How do I boil an egg?"]
-NEW_TOKENS = 32
 
 
 def _layouts(cands):
@@ -99,39 +94,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("doctor-prompts") / "prompts.jsonl"
-    p.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in PROMPTS), encoding="utf-8")
-    return p
-
-
-@pytest.fixture(scope="module")
-def trained_draft(tmp_path_factory, prompts_file):
-    out = tmp_path_factory.mktemp("doctor") / "draft"
-    rc = main(["train", "--target", "bundled", "--dataset", str(prompts_file), "--out", str(out),
-               "--layout", TRAINED, "--num-prompts", str(len(PROMPTS)), "--max-new-tokens",
-               str(NEW_TOKENS), "--steps", "300", "--draft-vocab", "1024", "--batch-tokens", "256",
-               "--heldout-fraction", "0.1", "--dtype", "float32", "--threads", "2", "--no-progress"])
-    assert rc == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def states(smollm2, prompts_file):
+def states(smollm2, doctor_prompts_file):
     from eagle3_backend.verify.datasets import load_prompts
 
-    return collect_states(smollm2, load_prompts(str(prompts_file)), max_new_tokens=NEW_TOKENS)
-
-
-def _convert(src, dst, layout):
-    assert main(["convert", str(src), str(dst), "--to", "sglang", "--layout", layout]) == 0
-    return dst
+    return collect_states(smollm2, load_prompts(str(doctor_prompts_file)), max_new_tokens=NEW_TOKENS)
 
 
 @pytest.mark.slow
 def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
-        smollm2, states, trained_draft, tmp_path):
-    good = diagnose(trained_draft, smollm2, states)
+        smollm2, states, doctor_draft, tmp_path):
+    good = diagnose(doctor_draft, smollm2, states)
     assert good.verdict == OK, good.message
     assert str(good.recorded.layout) == TRAINED
     assert good.recorded.top1 > 0.5, good.recorded.top1   # on its training prompts
@@ -139,7 +111,7 @@ def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
     # The fc slots trained on layers 2, 15, 27 labelled 15, 27, 2 (a list-order mix-up);
     # the writer stores the draft in layer order, so the recorded layout reads [2, 15, 27]
     # while slot 0 now holds the weights trained on layer 27.
-    bad_dir = _convert(trained_draft, tmp_path / "bad", "[layer_input:15, layer_input:27, layer_input:2]")
+    bad_dir = mislabel(doctor_draft, tmp_path / "bad")
     bad = diagnose(bad_dir, smollm2, states)
     assert str(bad.recorded.layout) == TRAINED
     assert bad.verdict == MISMATCH, bad.message
@@ -154,14 +126,14 @@ def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
     assert acc["recorded"]["expected_acceptance_length"] < acc["best"]["expected_acceptance_length"]
     assert f'expected chain acceptance is {acc["recorded"]["expected_acceptance_length"]:.2f}' in bad.message
 
-    fixed_dir = _convert(bad_dir, tmp_path / "fixed", str(bad.best.layout))
+    fixed_dir = mislabel(bad_dir, tmp_path / "fixed", str(bad.best.layout))
     fixed = diagnose(fixed_dir, smollm2, states)
     assert fixed.verdict == OK, fixed.message
     assert str(fixed.recorded.layout) == TRAINED
     # the two relabellings compose to the identity: the original weights, bit for bit
     from safetensors.torch import load_file
 
-    original, restored = load_file(trained_draft / "model.safetensors"), load_file(fixed_dir / "model.safetensors")
+    original, restored = load_file(doctor_draft / "model.safetensors"), load_file(fixed_dir / "model.safetensors")
     assert original.keys() == restored.keys()
     assert all(torch.equal(original[k], restored[k]) for k in original)
     assert torch.equal(fixed.recorded.hits, good.recorded.hits)
@@ -170,11 +142,11 @@ def test_a_miswired_draft_is_found_and_the_printed_fix_restores_it(
 
 
 @pytest.mark.slow
-def test_cli_exit_code_json_and_plot(trained_draft, prompts_file, tmp_path, capsys):
-    bad_dir = _convert(trained_draft, tmp_path / "bad", "[layer_input:15, layer_input:27, layer_input:2]")
+def test_cli_exit_code_json_and_plot(doctor_draft, doctor_prompts_file, tmp_path, capsys):
+    bad_dir = mislabel(doctor_draft, tmp_path / "bad")
     capsys.readouterr()
     png = tmp_path / "doctor.png"
-    rc = main(["doctor", str(bad_dir), "--dataset", str(prompts_file), "--limit", str(len(PROMPTS)),
+    rc = main(["doctor", str(bad_dir), "--dataset", str(doctor_prompts_file), "--limit", str(len(PROMPTS)),
                "--max-new-tokens", str(NEW_TOKENS), "--json", "--plot", str(png), "--no-progress"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 1
@@ -185,8 +157,8 @@ def test_cli_exit_code_json_and_plot(trained_draft, prompts_file, tmp_path, caps
     assert png.stat().st_size > 10_000
 
 
-def test_convert_layout_must_match_the_fc(trained_draft, tmp_path, capsys):
-    rc = main(["convert", str(trained_draft), str(tmp_path / "x"), "--to", "sglang",
+def test_convert_layout_must_match_the_fc(doctor_draft, tmp_path, capsys):
+    rc = main(["convert", str(doctor_draft), str(tmp_path / "x"), "--to", "sglang",
                "--layout", "[layer_input:2, layer_input:15]"])
     err = capsys.readouterr().err
     assert rc == 2

@@ -64,7 +64,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if srv.spec:
                     meta |= {"spec_accept_length": n / verify, "spec_verify_ct": verify,
                              "spec_correct_drafts_histogram": [1, verify - 1]}
-                return self._send(200, json.dumps({"text": "x" * n, "meta_info": meta}).encode())
+                ids = ["bad"] if mode == "bad-ids" else list(range(n))
+                return self._send(200, json.dumps({"text": "x" * n, "output_ids": ids,
+                                                   "meta_info": meta}).encode())
             if self.path == "/v1/chat/completions":
                 n, verify = tokens_for(body["messages"][-1]["content"])
                 resp = {"choices": [{"message": {"role": "assistant", "content": "x"}}],

@@ -35,6 +35,7 @@ def test_native_level_reads_meta_info_and_limits_concurrency(serve):
     assert path == "/generate"
     assert body["sampling_params"] == {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": False}
     assert {b["text"] for _, b in srv.bodies} == set(PROMPTS)
+    assert [r.output_ids for r in level.requests] == [list(range(n)) for n, _ in expect]
 
 
 def test_concurrency_one_is_sequential(serve):
@@ -56,7 +57,8 @@ def test_openai_api(serve):
     assert level.requests[0].spec_histogram == [0, tokens_for(PROMPTS[0])[1]]
 
 
-@pytest.mark.parametrize("mode,kind", [("bad-json", "bad-response"), ("500", "http")])
+@pytest.mark.parametrize("mode,kind", [("bad-json", "bad-response"), ("500", "http"),
+                                       ("bad-ids", "bad-response")])
 def test_bad_responses_are_reported_per_request(serve, mode, kind):
     srv = serve(mode=mode)
     level = asyncio.run(run_level(srv.url, PROMPTS[:3], 2, BenchSettings()))

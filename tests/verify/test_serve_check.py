@@ -1,0 +1,88 @@
+"""`eagle3 doctor --url`: the served-vs-offline statistics, verdicts and server checks.
+
+End to end against a real SGLang server: tests/cpu/test_cpu_doctor_serve.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eagle3_backend.doctor import MISMATCH, OK, WEAK
+from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.serve_check import PromptResult, judge_serve, paired_t, server_settings
+
+URL = "http://127.0.0.1:30000"
+
+
+def test_paired_t_exact_values():
+    # d = [-1.0, -0.8, -0.6]: mean -0.8, sd 0.2, se 0.2 / sqrt(3)
+    assert paired_t([1.0, 1.2, 1.4], [2.0, 2.0, 2.0]) == pytest.approx(-0.8 / (0.2 / 3 ** 0.5))
+    assert paired_t([2.0, 2.5], [2.0, 2.5]) == 0.0
+    assert paired_t([1.5, 1.5], [2.0, 2.0]) == -math.inf
+    assert paired_t([2.5, 2.5], [2.0, 2.0]) == math.inf
+    assert math.isnan(paired_t([2.0], [1.0]))
+    with pytest.raises(ValueError, match="2 served and 1 offline"):
+        paired_t([1.0, 2.0], [1.0])
+
+
+def _prompts(offline: list[tuple[int, int]], served: list[tuple[int, int]]) -> list[PromptResult]:
+    return [PromptResult(f"p{i}", 10, ot, os_, st, ss, None)
+            for i, ((ot, os_), (st, ss)) in enumerate(zip(offline, served))]
+
+
+def test_same_counts_are_ok():
+    rows = [(32, 16), (30, 12), (32, 14), (28, 14)]
+    verdict, message, t = judge_serve(_prompts(rows, rows))
+    assert verdict == OK and t == 0.0
+    assert message.startswith("served acceptance length 2.18, offline 2.18 with the server's "
+                              "settings on the same 4 prompts (paired t = 0.0)")
+
+
+def test_a_server_that_loses_the_gain_is_a_mismatch():
+    offline = [(32, 16), (30, 12), (32, 14), (28, 14)]          # 122 / 56 = 2.18
+    served = [(32, 28), (30, 24), (32, 26), (28, 25)]           # 122 / 103 = 1.18: (2.18 - 1.18) / 1.18 = 84% of the gain lost
+    verdict, message, t = judge_serve(_prompts(offline, served), "/models/other-draft")
+    assert verdict == MISMATCH and t < -3
+    assert "the server loses 84% of the speculative gain" in message
+    assert "that it serves this draft (the server's draft: /models/other-draft)" in message
+    assert "SGLANG_PLUGINS" in message
+
+
+def test_a_server_that_accepts_more_serves_something_else():
+    offline = [(32, 28), (30, 24), (32, 26), (28, 25)]
+    served = [(32, 16), (30, 12), (32, 14), (28, 14)]
+    verdict, message, t = judge_serve(_prompts(offline, served))
+    assert verdict == MISMATCH and t > 3
+    assert "the server accepts more than this draft can" in message
+    assert "Pass the served draft as DRAFT" in message
+
+
+def test_small_or_noisy_differences_are_ok():
+    offline = [(32, 16), (30, 12), (32, 14), (28, 14)]
+    # 10% less gain: under REL_GAP whatever t says
+    served = [(32, 17), (30, 13), (32, 15), (28, 15)]
+    assert judge_serve(_prompts(offline, served))[0] == OK
+    # a large gap on one prompt only: t = -1 (mean -0.25, se 0.25), no evidence
+    served = [(32, 32), (30, 12), (32, 14), (28, 14)]
+    verdict, _, t = judge_serve(_prompts(offline, served))
+    assert verdict == OK and t == pytest.approx(-1.0)
+
+
+def test_a_draft_that_gains_nothing_offline_is_weak():
+    rows = [(32, 31), (30, 29)]
+    verdict, message, _ = judge_serve(_prompts(rows, [(32, 32), (30, 30)]))
+    assert verdict == WEAK
+    assert "offline the draft gains only 0.03 tokens per verify step" in message
+
+
+def test_server_settings_are_read_and_checked():
+    info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+    assert server_settings(info, URL) == {"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                          "speculative_num_draft_tokens": 4}
+    with pytest.raises(Eagle3Error, match=r"runs speculative_algorithm=None, not EAGLE3: there is no draft"):
+        server_settings({"speculative_algorithm": None}, URL)
+    with pytest.raises(Eagle3Error, match=r"reports speculative_eagle_topk=None in /server_info"):
+        server_settings({**info, "speculative_eagle_topk": None}, URL)
