@@ -11,7 +11,7 @@ from eagle3_backend.config import DraftConfig
 from eagle3_backend.layout import Layout
 
 #: checkpoint formats this package reads.
-FORMATS = ("sglang", "speculators", "eagle-repo")
+FORMATS = ("sglang", "vllm", "speculators", "eagle-repo")
 
 #: how the layout of a loaded draft was known, most to least trustworthy.
 LAYOUT_SOURCES = ("explicit", "engine-ids", "assumed-default")

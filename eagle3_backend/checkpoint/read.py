@@ -36,6 +36,9 @@ from eagle3_backend.target import TargetInfo
 logger = logging.getLogger(__name__)
 
 SGLANG_DRAFT_ARCHS = ("LlamaForCausalLMEagle3",)
+#: vLLM's (and TensorRT-LLM's) class name for the same Llama EAGLE-3 draft; AngelSlim
+#: publishes its drafts under it. Same config fields as SGLang's, ids top-level.
+VLLM_DRAFT_ARCHS = ("Eagle3LlamaForCausalLM", "EAGLE3LlamaForCausalLM")
 SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
 #: SGLang EAGLE-3 drafts of another architecture than this package implements.
 UNSUPPORTED_DRAFT_ARCHS = ("Eagle3DeepseekV2ForCausalLM",)
@@ -43,7 +46,7 @@ ID_CONVENTIONS = ("sglang", "specforge")
 
 
 def detect_format(raw: Mapping[str, Any], where: str) -> str:
-    """'sglang', 'speculators' or 'eagle-repo' from a draft config.json."""
+    """'sglang', 'vllm', 'speculators' or 'eagle-repo' from a draft config.json."""
     archs = raw.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
@@ -61,13 +64,27 @@ def detect_format(raw: Mapping[str, Any], where: str) -> str:
             f"{list(SGLANG_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
             f"implements. Serve this draft with stock SGLang."
         )
-    if any(a in SGLANG_DRAFT_ARCHS for a in archs) or isinstance(raw.get("eagle_config"), dict):
+    if any(a in SGLANG_DRAFT_ARCHS for a in archs):
+        return "sglang"
+    if any(a in VLLM_DRAFT_ARCHS for a in archs):
+        return "vllm"
+    other = [a for a in archs if "eagle" in str(a).lower()]
+    if other:
+        raise CheckpointError(
+            f"{where}: architectures {archs} name a draft model class this backend does not "
+            f"implement (neither SGLang 0.5.23 nor vLLM has {other[0]!r}); expected "
+            f"{list(SGLANG_DRAFT_ARCHS + VLLM_DRAFT_ARCHS)} (a Llama-style EAGLE-3 draft layer) "
+            f"or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
+            f"it with the engine it was trained for."
+        )
+    if isinstance(raw.get("eagle_config"), dict):
         return "sglang"
     if "LlamaForCausalLM" in archs and raw.get("num_hidden_layers", 1) == 1:
         return "eagle-repo"
     raise CheckpointError(
         f"{where}: architectures {archs!r} is not an EAGLE-3 draft; expected "
-        f"['LlamaForCausalLMEagle3'] (SGLang/SpecForge), ['Eagle3Speculator'] with "
+        f"['LlamaForCausalLMEagle3'] (SGLang/SpecForge), ['Eagle3LlamaForCausalLM'] (vLLM/"
+        f"AngelSlim), ['Eagle3Speculator'] with "
         f"speculators_model_type 'eagle3' (speculators), or a one-layer ['LlamaForCausalLM'] "
         f"with draft_vocab_size (EAGLE repo). Point at the draft checkpoint, not the target."
     )
@@ -202,6 +219,41 @@ def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
                      f"{layout}", tuple(notes))
 
 
+def _resolve_vllm(f: Fields, arch: str | None, num_layers: int | None,
+                  ids_as: str) -> _Resolved:
+    """``Eagle3LlamaForCausalLM`` configs: vLLM reads only the top-level ids (input of layer
+    k); nested eagle_config ids (SGLang's) are read as SGLang would and flagged."""
+    ids = f.int_list("eagle_aux_hidden_state_layer_ids")
+    nested = Fields(f.dict("eagle_config") or {}, f.where,
+                    "eagle_config.").int_list("eagle_aux_hidden_state_layer_ids")
+    if ids is None and nested is not None:
+        resolved = _resolve_sglang(f, arch, num_layers, ids_as)
+        note = (f"architectures Eagle3LlamaForCausalLM (vLLM's name) with only nested "
+                f"eagle_config ids {nested}: read as SGLang ids; vLLM reads only a top-level "
+                f"eagle_aux_hidden_state_layer_ids and would capture its default layers")
+        return _Resolved(resolved.layout, resolved.source, resolved.explanation,
+                         resolved.warnings + (note,))
+    if ids is None:
+        L = _need_layers(f.where, "records no layer ids (eagle_aux_hidden_state_layer_ids)",
+                         num_layers)
+        layout = Layout.engine_default("vllm", L)
+        msg = (f"no layer ids recorded: assumed the vLLM/SGLang default for a {L}-layer target, "
+               f"inputs of layers 2, L//2, L-3 = {layout}; right only if the draft was trained "
+               f"with the default")
+        return _Resolved(layout, "assumed-default", msg, (msg,))
+    try:
+        layout = Layout.from_vllm_ids(ids)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: eagle_aux_hidden_state_layer_ids: {exc}") from None
+    notes = []
+    if nested is not None and nested != ids:
+        notes.append(f"top-level ids {ids} (vLLM) and eagle_config ids {nested} (SGLang) are "
+                     f"both recorded; read the top-level ones, as vLLM does")
+    return _Resolved(layout, "engine-ids",
+                     f"top-level ids {ids} read as vLLM ids (input of layer k) = {layout}",
+                     tuple(notes))
+
+
 def _resolve_eagle_repo(f: Fields, num_layers: int | None) -> _Resolved:
     L = _need_layers(f.where, "is an EAGLE-repo checkpoint, which records no layer ids",
                      num_layers)
@@ -259,6 +311,8 @@ def load_draft(
         resolved = _Resolved(explicit, "explicit", f"config.json eagle3_layout = {explicit}")
     elif fmt == "sglang":
         resolved = _resolve_sglang(top, arch, num_layers, ids_as)
+    elif fmt == "vllm":
+        resolved = _resolve_vllm(top, arch, num_layers, ids_as)
     elif fmt == "speculators":
         resolved = _resolve_speculators(top, num_layers)
     else:
@@ -286,7 +340,7 @@ def load_draft(
                             f"(speculators' default; vLLM assumes true when it is missing)")
     config = build_draft_config(
         arch=arch_fields, flags=top,
-        eagle_config=top.dict("eagle_config") if fmt == "sglang" else None,
+        eagle_config=top.dict("eagle_config") if fmt in ("sglang", "vllm") else None,
         layout=resolved.layout, has_embed_tokens="embed_tokens.weight" in tensors,
         dtype=dtype, where=where,
     )

@@ -1,0 +1,135 @@
+"""Published EAGLE-3 draft variants, each mimicked by a tiny checkpoint with the same
+config.json fields and tensor names as the real one (dims shrunk to the tiny draft's).
+
+Sources of the config shapes (read, not copied): SpecForge ``configs/*.json`` (Llama-3.1,
+Kimi-K2, gpt-oss, Llama-4), AngelSlim ``configs/qwen3-8b-eagle3.json`` (vLLM's
+``Eagle3LlamaForCausalLM``), the EAGLE repo ``eagle/traineagle3/config.json`` and its
+``pytorch_model.bin`` drafts, ModelOpt's ``export_spec_ckpt_config`` (nvidia/*-Eagle3:
+extra eagle_config keys, no t2d) and SGLang 0.5.23's ``llama_eagle3.py`` /
+``set_eagle3_layers_to_capture`` of each target model file.
+"""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3_backend.checkpoint import load_draft, save_sglang
+from eagle3_backend.cli import main
+from eagle3_backend.errors import CheckpointError
+from eagle3_backend.layout import Layout
+from eagle3_backend.target import TargetInfo
+
+QWEN3_8B = TargetInfo("Qwen3ForCausalLM", "qwen3", 36, 64, 512, "tiny-qwen3-8b")
+
+# Real published configs with the tiny dims (hidden 64, 4 heads, 2 kv heads, vocab 512,
+# draft vocab 128); every other key as published.
+ANGELSLIM_QWEN3_8B = {
+    "architectures": ["Eagle3LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "num_attention_heads": 4, "num_hidden_layers": 1,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "tie_word_embeddings": False, "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 512, "draft_vocab_size": 128,
+}
+SPECFORGE_GPT_OSS = {
+    "architectures": ["GptOssForCausalLMEagle3"],
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 11, 21]},
+    "head_dim": 16, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 128, "num_local_experts": 16, "max_position_embeddings": 4096,
+    "model_type": "gpt_oss", "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.52.3", "use_cache": True,
+    "vocab_size": 512, "experts_per_token": 4, "draft_vocab_size": 128,
+}
+
+
+def _publish(tmp_path: Path, name: str, config: dict, tensors: dict) -> Path:
+    out = tmp_path / name
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.fixture
+def weights(tiny_draft):
+    """The tiny draft's tensors under SGLang's names, bf16, no embed_tokens (SpecForge-like)."""
+    torch.manual_seed(0)
+    return dict(tiny_draft(dtype="bfloat16", embed=False).state_dict)
+
+
+# --------------------------------------------------------------- vLLM / AngelSlim class name
+def test_angelslim_eagle3llama_draft_is_read_and_converted(tmp_path, weights):
+    src = _publish(tmp_path, "angelslim", ANGELSLIM_QWEN3_8B, weights)
+    d = load_draft(src, target=QWEN3_8B)
+    assert (d.format, d.layout_source, d.dtype) == ("vllm", "assumed-default", "bfloat16")
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:18", "layer_input:33"]
+    assert d.warnings[-1] == (
+        "no layer ids recorded: assumed the vLLM/SGLang default for a 36-layer target, inputs "
+        "of layers 2, L//2, L-3 = [layer_input:2, layer_input:18, layer_input:33]; right only "
+        "if the draft was trained with the default")
+
+    out = save_sglang(d, tmp_path / "sg")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 17, 32]
+    written = load_file(str(out / "model.safetensors"))
+    assert sorted(written) == sorted(weights)
+    for k, v in weights.items():
+        assert torch.equal(written[k], v), k
+
+
+def test_eagle3llama_top_level_ids_are_vllm_ids(tmp_path, weights):
+    # vLLM reads a top-level eagle_aux_hidden_state_layer_ids, id k = input of layer k.
+    cfg = dict(ANGELSLIM_QWEN3_8B, eagle_aux_hidden_state_layer_ids=[2, 18, 33])
+    d = load_draft(_publish(tmp_path, "vllm-ids", cfg, weights))
+    assert (d.format, d.layout_source) == ("vllm", "engine-ids")
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:18", "layer_input:33"]
+    assert d.layout_explanation == ("top-level ids [2, 18, 33] read as vLLM ids (input of layer "
+                                    "k) = [layer_input:2, layer_input:18, layer_input:33]")
+
+
+def test_eagle3llama_nested_ids_are_sglang_ids_with_a_warning(tmp_path, weights):
+    cfg = dict(ANGELSLIM_QWEN3_8B, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 17, 32]})
+    d = load_draft(_publish(tmp_path, "nested", cfg, weights), target=QWEN3_8B)
+    assert (d.format, d.layout_source) == ("vllm", "engine-ids")
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:18", "layer_input:33"]
+    assert d.warnings[-1] == (
+        "architectures Eagle3LlamaForCausalLM (vLLM's name) with only nested eagle_config ids "
+        "[1, 17, 32]: read as SGLang ids; vLLM reads only a top-level "
+        "eagle_aux_hidden_state_layer_ids and would capture its default layers")
+
+
+def test_validate_says_stock_sglang_needs_a_conversion(tmp_path, weights, tiny_target_config,
+                                                        capsys):
+    src = _publish(tmp_path, "angelslim", ANGELSLIM_QWEN3_8B, weights)
+    target = tiny_target_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                                num_hidden_layers=36)
+    assert main(["validate", str(src), "--target", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert (f"note: vllm format: stock SGLang does not load it; write an SGLang checkpoint with "
+            f"`eagle3 convert {src} DST --to sglang`") in out
+
+
+def test_unknown_eagle_draft_class_is_refused_by_name(tmp_path, weights):
+    # SpecForge's gpt-oss draft config names a class neither SGLang 0.5.23 nor vLLM has;
+    # it used to pass as an SGLang draft because it has an eagle_config.
+    src = _publish(tmp_path, "gptoss", SPECFORGE_GPT_OSS, weights)
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == (
+        f"{src}/config.json: architectures ['GptOssForCausalLMEagle3'] name a draft model class "
+        f"this backend does not implement (neither SGLang 0.5.23 nor vLLM has "
+        f"'GptOssForCausalLMEagle3'); expected ['LlamaForCausalLMEagle3', "
+        f"'Eagle3LlamaForCausalLM', 'EAGLE3LlamaForCausalLM'] (a Llama-style EAGLE-3 draft "
+        f"layer) or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
+        f"it with the engine it was trained for.")
