@@ -133,3 +133,25 @@ def test_unknown_eagle_draft_class_is_refused_by_name(tmp_path, weights):
         f"'Eagle3LlamaForCausalLM', 'EAGLE3LlamaForCausalLM'] (a Llama-style EAGLE-3 draft "
         f"layer) or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
         f"it with the engine it was trained for.")
+
+
+# ------------------------------------------------------------------ use_aux_hidden_state
+def test_use_aux_hidden_state_false_is_refused(make_draft_checkpoint, tiny_target_config,
+                                               capsys):
+    # SGLang reads eagle_config.use_aux_hidden_state: false means no capture and no fc, so an
+    # EAGLE-3 draft runs on the last hidden state alone (acceptance ~1.0, no error).
+    src = make_draft_checkpoint("specforge", config_hook=lambda c: c["eagle_config"].update(
+        use_aux_hidden_state=False))
+    want = (f"{src}/config.json: eagle_config.use_aux_hidden_state is false, but the draft's fc "
+            f"reads 3 target hidden states [layer_input:2, layer_input:15, layer_input:27]; "
+            f"expected true. With false, SGLang captures no hidden states, skips the fc and feeds "
+            f"the draft the target's last hidden state (acceptance length ~1.0, no error). Set "
+            f"\"use_aux_hidden_state\": true in eagle_config.")
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == want
+    assert main(["validate", str(src), "--target", str(tiny_target_config())]) == 1
+    assert f"  - {want}\n" in capsys.readouterr().out
+    ok = make_draft_checkpoint("specforge", config_hook=lambda c: c["eagle_config"].update(
+        use_aux_hidden_state=True))
+    assert load_draft(ok).problems == ()

@@ -352,6 +352,8 @@ def load_draft(
     tensors, vnotes = _fill_vocab_map(config, tensors)
     warnings += vnotes
     problems = check_tensors(config, tensors, weights_where)
+    if fmt in ("sglang", "vllm"):
+        problems += _uses_aux(top, config)
     if explicit is not None and fmt == "sglang" and sglang_ids is not None and arch is not None:
         problems += _ids_agree(explicit, list(sglang_ids), arch, num_layers, where)
     if problems and strict:
@@ -388,6 +390,20 @@ def _fill_vocab_map(config, tensors: dict[str, torch.Tensor]
             tensors["t2d"] = t2d
             notes.append("no t2d: derived from d2t (SGLang reads only d2t)")
     return tensors, notes
+
+
+def _uses_aux(f: Fields, config) -> list[str]:
+    """SGLang skips the fc when eagle_config.use_aux_hidden_state is false."""
+    eagle = Fields(f.dict("eagle_config") or {}, f.where, "eagle_config.")
+    if eagle.bool("use_aux_hidden_state", True):
+        return []
+    return [
+        f"{f.where}: eagle_config.use_aux_hidden_state is false, but the draft's fc reads "
+        f"{len(config.layout)} target hidden states {config.layout}; expected true. With false, "
+        f"SGLang captures no hidden states, skips the fc and feeds the draft the target's last "
+        f"hidden state (acceptance length ~1.0, no error). Set \"use_aux_hidden_state\": true "
+        f"in eagle_config."
+    ]
 
 
 def _ids_agree(layout: Layout, ids: list[int], arch: str, num_layers: int | None,
