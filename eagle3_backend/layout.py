@@ -377,9 +377,18 @@ SGLANG_ID: dict[str, str] = {
     "qwen3": "plus_one",
     "qwen3_moe": "plus_one",
     "glm4_moe": "plus_one",
+    "llama4": "plus_one",  # Llama4ForConditionalGeneration -> its Llama4ForCausalLM
+    "llama4_text": "plus_one",
+    "qwen2_5_vl": "plus_one",
+    "qwen3_vl": "plus_one",
+    "qwen3_vl_moe": "plus_one",
+    "minimax_m2": "plus_one",
+    "bailing_moe": "plus_one",
     "deepseek_v2": "deepseek_v2",
     "deepseek_v3": "deepseek_v2",
     "kimi_k2": "deepseek_v2",
+    "kimi_k25": "deepseek_v2",  # KimiK25ForConditionalGeneration -> its DeepseekV3ForCausalLM
+    "glm4_moe_lite": "deepseek_v2",
     "gpt_oss": "gpt_oss",
 }
 
@@ -394,6 +403,16 @@ _ARCH_ALIASES = {
     "deepseekv3forcausallm": "deepseek_v3",
     "kimik2forcausallm": "kimi_k2",
     "gptossforcausallm": "gpt_oss",
+    "llama4forcausallm": "llama4_text",
+    "llama4forconditionalgeneration": "llama4",
+    "qwen2_5_vlforconditionalgeneration": "qwen2_5_vl",
+    "qwen3vlforconditionalgeneration": "qwen3_vl",
+    "qwen3vlmoeforconditionalgeneration": "qwen3_vl_moe",
+    "minimaxm2forcausallm": "minimax_m2",
+    "bailingmoeforcausallm": "bailing_moe",
+    "bailingmoev2forcausallm": "bailing_moe",
+    "kimik25forconditionalgeneration": "kimi_k25",
+    "glm4moeliteforcausallm": "glm4_moe_lite",
 }
 
 

@@ -155,3 +155,79 @@ def test_use_aux_hidden_state_false_is_refused(make_draft_checkpoint, tiny_targe
     ok = make_draft_checkpoint("specforge", config_hook=lambda c: c["eagle_config"].update(
         use_aux_hidden_state=True))
     assert load_draft(ok).problems == ()
+
+
+# ------------------------------------------------ SGLang id rules of more target model files
+# (target architecture, L, eagle_config ids) -> inputs of layers SGLang 0.5.23 captures.
+MORE_TARGETS = [
+    ("Llama4ForConditionalGeneration", 48, [1, 23, 44], [2, 24, 45]),  # Llama-4 Scout/Maverick
+    ("Llama4ForCausalLM", 48, [-1, 10, 20], [0, 11, 21]),
+    ("KimiK25ForConditionalGeneration", 61, [2, 30, 58], [2, 30, 58]),  # deepseek_v2 rule
+    ("KimiK25ForConditionalGeneration", 61, [1, 29, 57], [2, 30, 58]),
+    ("Qwen3VLForConditionalGeneration", 36, [1, 17, 32], [2, 18, 33]),
+    ("Qwen3VLMoeForConditionalGeneration", 48, [1, 23, 44], [2, 24, 45]),
+    ("Qwen2_5_VLForConditionalGeneration", 28, [1, 13, 24], [2, 14, 25]),
+    ("BailingMoeV2ForCausalLM", 32, [1, 15, 28], [2, 16, 29]),  # Ling-flash-2.0
+    ("MiniMaxM2ForCausalLM", 62, [1, 30, 58], [2, 31, 59]),
+    ("Glm4MoeLiteForCausalLM", 47, [2, 23, 44], [2, 23, 44]),  # deepseek_v2 rule
+]
+
+
+@pytest.mark.parametrize("arch, L, ids, caps", MORE_TARGETS)
+def test_sglang_ids_on_more_targets(arch, L, ids, caps):
+    assert list(Layout.from_sglang_ids(ids, arch, L).layers) == caps
+    written = Layout.of_layers(caps).to_sglang_ids(arch, L)  # what convert writes
+    assert list(Layout.from_sglang_ids(written, arch, L).layers) == caps
+
+
+def test_specforge_llama4_draft_converts_for_a_llama4_target(make_draft_checkpoint, tmp_path):
+    # Used to fail: "no SGLang layer-id rule known for target architecture
+    # 'Llama4ForConditionalGeneration'".
+    src = make_draft_checkpoint("specforge", ids=None)  # SpecForge's llama4 config has no ids
+    target = TargetInfo("Llama4ForConditionalGeneration", "llama4", 48, 64, 512, "tiny-llama4")
+    d = load_draft(src, target=target)
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:24", "layer_input:45"]
+    cfg = json.loads((save_sglang(d, tmp_path / "sg", target=target) / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 23, 44]
+
+
+_MODEL_FILES = {  # arch -> (SGLang class, the language model class it delegates to, or None)
+    "Llama4ForConditionalGeneration": ("sglang.srt.models.mllama4.Llama4ForConditionalGeneration",
+                                       "sglang.srt.models.llama4.Llama4ForCausalLM"),
+    "Llama4ForCausalLM": ("sglang.srt.models.llama4.Llama4ForCausalLM", None),
+    "KimiK25ForConditionalGeneration": ("sglang.srt.models.kimi_k25.KimiK25ForConditionalGeneration",
+                                        "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
+    "Qwen3VLForConditionalGeneration": ("sglang.srt.models.qwen3_vl.Qwen3VLForConditionalGeneration",
+                                        None),
+    "Qwen3VLMoeForConditionalGeneration": (
+        "sglang.srt.models.qwen3_vl_moe.Qwen3VLMoeForConditionalGeneration", None),
+    "Qwen2_5_VLForConditionalGeneration": (
+        "sglang.srt.models.qwen2_5_vl.Qwen2_5_VLForConditionalGeneration", None),
+    "BailingMoeV2ForCausalLM": ("sglang.srt.models.bailing_moe.BailingMoeV2ForCausalLM", None),
+    "Glm4MoeLiteForCausalLM": ("sglang.srt.models.glm4_moe_lite.Glm4MoeLiteForCausalLM", None),
+    # MiniMaxM2ForCausalLM needs SGLang's parallel state to be built; read, not run.
+}
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("arch, L, ids, caps", [c for c in MORE_TARGETS if c[0] in _MODEL_FILES])
+def test_more_targets_match_the_installed_model_files(arch, L, ids, caps):
+    pytest.importorskip("sglang")
+    outer_path, inner_path = _MODEL_FILES[arch]
+    outer = pkgutil.resolve_name(outer_path)
+
+    def stand_in(cls):  # what set_eagle3_layers_to_capture touches, nothing more
+        model = SimpleNamespace(layers_to_capture=[], layers=[SimpleNamespace() for _ in range(L)])
+        model.set_eagle3_layers_to_capture = lambda c: setattr(model, "layers_to_capture", c)
+        obj = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), model=model,
+                              config=SimpleNamespace(num_hidden_layers=L),
+                              capture_aux_hidden_states=False, language_model=None)
+        if cls is not None:
+            obj.set_eagle3_layers_to_capture = lambda i: cls.set_eagle3_layers_to_capture(obj, i)
+        return obj, model
+
+    fake, model = stand_in(None)
+    if inner_path is not None:
+        fake.language_model, model = stand_in(pkgutil.resolve_name(inner_path))
+    outer.set_eagle3_layers_to_capture(fake, ids)
+    assert sorted(model.layers_to_capture) == caps
