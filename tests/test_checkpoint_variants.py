@@ -231,3 +231,26 @@ def test_more_targets_match_the_installed_model_files(arch, L, ids, caps):
         fake.language_model, model = stand_in(pkgutil.resolve_name(inner_path))
     outer.set_eagle3_layers_to_capture(fake, ids)
     assert sorted(model.layers_to_capture) == caps
+
+
+# ------------------------------------------------------------ speculators Qwen3 draft layer
+def test_speculators_qwen3_draft_layer_is_refused_not_stripped(make_draft_checkpoint):
+    # speculators builds a Qwen3DecoderLayer (q_norm/k_norm) when transformer_layer_config
+    # says model_type qwen3; the message used to suggest removing the "unknown" tensors.
+    def qwen3_layer(c):
+        c["transformer_layer_config"].update(model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+
+    def qk_norms(t):
+        t["layers.0.self_attn.q_norm.weight"] = torch.ones(16)
+        t["layers.0.self_attn.k_norm.weight"] = torch.ones(16)
+
+    src = make_draft_checkpoint("speculators", config_hook=qwen3_layer, tensors_hook=qk_norms)
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == (
+        f"{src}/model.safetensors: tensors ['layers.0.self_attn.k_norm.weight', "
+        f"'layers.0.self_attn.q_norm.weight'] are per-head q/k norms of a Qwen3-style draft "
+        f"layer (model_type 'qwen3'); expected a Llama draft layer, the only kind this backend "
+        f"implements. SGLang 0.5.23's LlamaForCausalLMEagle3 would drop them without a word and "
+        f"serve a different model, so do not strip them: serve this draft with "
+        f"vLLM/speculators.")

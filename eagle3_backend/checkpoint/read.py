@@ -291,6 +291,7 @@ def load_draft(
     weights_where = f"{ckpt}/{files[0]}" if len(files) == 1 else f"{ckpt} ({', '.join(files)})"
     tensors, notes = to_canonical(tensors_raw, weights_where)
     warnings: list[str] = list(notes)
+    _refuse_qk_norm(tensors_raw, raw, weights_where)
 
     rec_arch, rec_layers = _recorded_target(top)
     if fmt == "speculators":
@@ -365,6 +366,24 @@ def load_draft(
         layout_source=resolved.source, layout_explanation=resolved.explanation,
         target_architecture=arch, target_num_layers=num_layers, sglang_ids=sglang_ids,
         warnings=tuple(warnings), problems=tuple(problems), raw_config=raw,
+    )
+
+
+def _refuse_qk_norm(tensors: Mapping[str, torch.Tensor], raw: Mapping[str, Any],
+                    where: str) -> None:
+    """A Qwen3 draft layer (speculators ``transformer_layer_config.model_type: qwen3``)
+    normalises q and k per head; the Llama draft layer here and in SGLang has no such norm."""
+    qk = sorted(n for n in tensors if n.endswith(("self_attn.q_norm.weight",
+                                                  "self_attn.k_norm.weight")))
+    if not qk:
+        return
+    layer = raw.get("transformer_layer_config")
+    kind = layer.get("model_type") if isinstance(layer, Mapping) else raw.get("model_type")
+    raise CheckpointError(
+        f"{where}: tensors {qk} are per-head q/k norms of a Qwen3-style draft layer (model_type "
+        f"{kind!r}); expected a Llama draft layer, the only kind this backend implements. "
+        f"SGLang 0.5.23's LlamaForCausalLMEagle3 would drop them without a word and serve a "
+        f"different model, so do not strip them: serve this draft with vLLM/speculators."
     )
 
 
