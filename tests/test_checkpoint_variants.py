@@ -254,3 +254,21 @@ def test_speculators_qwen3_draft_layer_is_refused_not_stripped(make_draft_checkp
         f"implements. SGLang 0.5.23's LlamaForCausalLMEagle3 would drop them without a word and "
         f"serve a different model, so do not strip them: serve this draft with "
         f"vLLM/speculators.")
+
+
+# ------------------------------------------------------- full-vocabulary draft, no lm_head
+def test_full_vocab_draft_without_lm_head_says_where_the_head_lives(make_draft_checkpoint):
+    # draft_vocab_size null + no lm_head.weight: SGLang takes the target's lm_head.
+    src = make_draft_checkpoint(
+        "specforge", draft_vocab_size=512,
+        config_hook=lambda c: c.update(draft_vocab_size=None),
+        tensors_hook=lambda t: {k: v for k, v in t.items()
+                                if k not in ("lm_head.weight", "d2t", "t2d")})
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == (
+        f"{src}/model.safetensors: missing tensor 'lm_head.weight' of a full-vocabulary draft "
+        f"(draft_vocab_size 512 = vocab_size); expected it in the checkpoint. Such a draft shares "
+        f"the target's lm_head (SGLang loads it from the target when draft_vocab_size is null), "
+        f"which this backend does not do: copy the target's lm_head.weight [512, 64] into the "
+        f"draft.")

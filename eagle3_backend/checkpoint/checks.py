@@ -34,7 +34,15 @@ def check_tensors(config: DraftConfig, tensors: Mapping[str, torch.Tensor], wher
     expected = expected_shapes(config)
 
     missing = [n for n in expected if n not in tensors]
-    if missing:
+    if missing == ["lm_head.weight"] and config.draft_vocab_size == config.vocab_size:
+        problems.append(
+            f"{where}: missing tensor 'lm_head.weight' of a full-vocabulary draft "
+            f"(draft_vocab_size {config.draft_vocab_size} = vocab_size); expected it in the "
+            f"checkpoint. Such a draft shares the target's lm_head (SGLang loads it from the "
+            f"target when draft_vocab_size is null), which this backend does not do: copy the "
+            f"target's lm_head.weight [{config.vocab_size}, {config.hidden_size}] into the draft."
+        )
+    elif missing:
         problems.append(
             f"{where}: missing tensor(s) {missing}; a draft with this config.json needs them "
             f"(names as in SGLang's EAGLE-3 checkpoints). Re-export the complete state dict."
