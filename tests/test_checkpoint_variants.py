@@ -272,3 +272,87 @@ def test_full_vocab_draft_without_lm_head_says_where_the_head_lives(make_draft_c
         f"the target's lm_head (SGLang loads it from the target when draft_vocab_size is null), "
         f"which this backend does not do: copy the target's lm_head.weight [512, 64] into the "
         f"draft.")
+
+
+# ------------------------------------------- variants that load: pinned so they keep loading
+KIMI_K2 = TargetInfo("DeepseekV3ForCausalLM", "kimi_k2", 61, 64, 512, "tiny-kimi-k2")
+
+
+def test_specforge_kimi_k2_config(tmp_path, tiny_draft):
+    # SpecForge configs/kimi-k2-eagle3.json: model_type kimi_k2, head_dim x heads != hidden
+    # (128 x 64 vs 7168; here 16 x 8 vs 64), ids [2, 30, 58], no eagle3_target.
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"],
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58],
+                            "use_aux_hidden_state": True},
+           "attention_bias": False, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+           "intermediate_size": 128, "max_position_embeddings": 131072, "model_type": "kimi_k2",
+           "num_attention_heads": 8, "num_hidden_layers": 1, "num_key_value_heads": 8,
+           "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 512,
+           "draft_vocab_size": 128}
+    sd = tiny_draft(dtype="bfloat16", embed=False, num_attention_heads=8, num_key_value_heads=8,
+                    head_dim=16).state_dict
+    assert tuple(sd["midlayer.self_attn.q_proj.weight"].shape) == (128, 128)
+    d = load_draft(_publish(tmp_path, "kimi", cfg, dict(sd)), target=KIMI_K2)
+    # deepseek_v2 rule: ids not starting with 1 are taken verbatim.
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:30", "layer_input:58"]
+    assert (d.config.head_dim, d.config.num_attention_heads) == (16, 8)
+
+
+def test_eagle_repo_pickle_draft_needs_allow_pickle(tmp_path, tiny_draft):
+    # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one-layer LlamaForCausalLM config, fp16
+    # pytorch_model.bin with midlayer.*, fc, norm, lm_head, d2t, t2d and no embed_tokens.
+    cfg = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 128000, "eos_token_id": 128001,
+           "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+           "intermediate_size": 128, "max_position_embeddings": 2048, "model_type": "llama",
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+           "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+           "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True,
+           "vocab_size": 512, "draft_vocab_size": 128}
+    src = tmp_path / "eagle3-llama31"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(cfg))
+    sd = dict(tiny_draft(dtype="float16", embed=False).state_dict)
+    torch.save(sd, src / "pytorch_model.bin")
+    llama31 = TargetInfo("LlamaForCausalLM", "llama", 32, 64, 512, "tiny-llama31")
+    with pytest.raises(CheckpointError, match=r"pass --allow-pickle"):
+        load_draft(src, target=llama31)
+    d = load_draft(src, target=llama31, allow_pickle=True)
+    assert (d.format, d.layout_source, d.dtype) == ("eagle-repo", "assumed-default", "float16")
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:16", "layer_input:29"]
+
+
+def test_modelopt_export_loads_without_t2d(tmp_path, tiny_draft):
+    # ModelOpt's export (nvidia/*-Eagle3): extra eagle_config keys, mlp_bias/pretraining_tp,
+    # d2t optional and no t2d; here the full-vocabulary case with neither.
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_act": "silu", "hidden_size": 64,
+           "intermediate_size": 128, "max_position_embeddings": 131072, "model_type": "llama",
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+           "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+           "vocab_size": 512, "draft_vocab_size": 512, "rope_scaling": None, "head_dim": 16,
+           "mlp_bias": False, "pretraining_tp": 1, "rope_theta": 150000,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32],
+                            "use_aux_hidden_state": True,
+                            "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                            "use_mtp_layernorm": False, "next_layer_regular": True,
+                            "parallel_draft_step": 1, "parallel_draft_heads_num_layers": 1}}
+    sd = {k: v for k, v in tiny_draft(dtype="bfloat16", embed=False, draft_vocab_size=512)
+          .state_dict.items() if k not in ("d2t", "t2d")}
+    gpt_oss = TargetInfo("GptOssForCausalLM", "gpt_oss", 36, 64, 512, "tiny-gpt-oss")
+    d = load_draft(_publish(tmp_path, "modelopt", cfg, sd), target=gpt_oss)
+    assert d.layout.to_strings() == ["layer_input:2", "layer_input:18", "layer_input:33"]
+    assert not d.has_d2t and torch.equal(d.state_dict["d2t"], torch.zeros(512, dtype=torch.int64))
+
+
+def test_yarn_rope_draft_is_refused_with_its_type(tmp_path, weights):
+    # nvidia gpt-oss drafts carry the target's YaRN rope_scaling; the draft model here
+    # implements only llama3 scaling, so it is refused rather than run with the wrong rope.
+    cfg = dict(ANGELSLIM_QWEN3_8B, architectures=["LlamaForCausalLMEagle3"], rope_scaling={
+        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False})
+    src = _publish(tmp_path, "yarn", cfg, weights)
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src, target=QWEN3_8B)
+    assert str(err.value) == (
+        f"{src}/config.json: rope_scaling type 'yarn' is not supported; expected 'llama3' or no "
+        f"scaling. Drafts with other scaling types cannot be run by this backend.")
