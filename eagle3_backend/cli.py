@@ -366,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = (logging.ERROR, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # what reading a prompt file skipped or changed is always shown (never silently)
+    logging.getLogger("eagle3_backend.verify.datasets").setLevel(min(level, logging.WARNING))
     try:
         return args.func(args)
     except Eagle3Error as exc:
