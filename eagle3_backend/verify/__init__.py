@@ -8,7 +8,7 @@ Offline (a transformers target + this project's draft, ``eagle3 eval``):
                  target-only baseline, KV-cache rollback
     sampling.py  rejection sampling that keeps the target distribution (torch; flashinfer on GPU)
     metrics.py   acceptance length / rate by position / histogram, tok/s, speedup
-    datasets.py  MT-Bench, ShareGPT, FILE.jsonl prompts; the target's chat template
+    datasets.py  MT-Bench, ShareGPT, prompt files (JSONL/JSON/txt/CSV/Parquet); chat template
     evaluate.py  baseline vs speculative over a prompt set
 
 Live servers (``eagle3 bench``): bench.py. Results files and plots: report.py.

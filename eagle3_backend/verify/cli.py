@@ -42,8 +42,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 def _dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="mt-bench",
-                   help="mt-bench | sharegpt | FILE.jsonl with {\"prompt\"} or {\"messages\"} rows "
-                        "(default mt-bench)")
+                   help="mt-bench | sharegpt | FILE: .jsonl/.json records ({\"prompt\"}, "
+                        "{\"messages\"}, ShareGPT, MT-Bench, Alpaca, ...), .txt one prompt a line, "
+                        ".csv/.tsv/.parquet with a prompt column, optionally .gz (default mt-bench)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="M",
                    help="new tokens per prompt (default 128)")
@@ -88,7 +89,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _default_name(kind: str, dataset: str, extra: str) -> str:
-    stem = Path(dataset).stem if dataset.endswith(".jsonl") else dataset
+    name = Path(dataset).name
+    stem = Path(name[:-3] if name.lower().endswith(".gz") else name).stem
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)
     return f"{kind}-{safe}-{extra}-{time.strftime('%Y%m%d-%H%M%S')}"
 
