@@ -29,7 +29,8 @@
     turn) gives its leading system turns and first user turn, as ``sharegpt`` does;
   - ``turns`` (MT-Bench / Spec-Bench ``question.jsonl``): the first turn;
   - ``instruction`` (+ ``input`` after a blank line; Alpaca);
-  - ``data``: a list of strings, alternately user and assistant (UltraChat): the first.
+  - ``data``: a list of strings, alternately user and assistant (UltraChat): the first;
+  - a bare JSON string (``["...", "..."]``): the user turn.
 
   A string ``system`` field becomes a leading system turn. The id is the first of
   ``id``, ``question_id``, ``task_id``, ``prompt_id``, ``idx``, else ``<stem>-<line>``.
@@ -541,7 +542,7 @@ def _records(path: Path) -> Iterator[tuple[str, int, Any]]:
         raise DatasetError(f"{path}: only blank lines; expected at least one prompt.")
     if first == "[":
         return _json_array_records(path)
-    if first == "{":
+    if first in "{\"":
         return _jsonl_records(path)
     raise DatasetError(
         f"{path}: cannot tell the format (extension {suffix or 'none'!r}, first character "
@@ -570,8 +571,10 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[Prompt]
     try:
         for where, num, row in _records(path):
             tally.records += 1
+            if isinstance(row, str):  # a bare string is one prompt: ["...", "..."] or "..." lines
+                row = {"prompt": row}
             if not isinstance(row, dict):
-                raise DatasetError(f"{where}: expected a JSON object (one record), got "
+                raise DatasetError(f"{where}: expected a JSON object (one record) or string, got "
                                    f"{type(row).__name__} {_short(row)}.")
             try:
                 out.append(_row_prompt(row, f"{stem}-{num}", tally))

@@ -83,7 +83,7 @@ def test_jsonl_rows(tmp_path):
 @pytest.mark.parametrize("line,match", [
     ("{not json", "p.jsonl:2: not valid JSON \\(Expecting property name enclosed in double quotes "
                   "at column 2\\); expected one JSON object per line"),
-    ("[1, 2]", "p.jsonl:2: expected a JSON object \\(one record\\), got list \\[1, 2\\]"),
+    ("[1, 2]", "p.jsonl:2: expected a JSON object \\(one record\\) or string, got list \\[1, 2\\]"),
     ('{"text": "x"}', "p.jsonl:2: record has keys \\['text'\\]; expected 'prompt', .* A 'text' "
                       "field usually holds a whole formatted conversation"),
     ('{"prompt": ""}', "p.jsonl:2: 'prompt' must be a non-empty string, got ''"),
@@ -214,6 +214,10 @@ def test_file_formats(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")  # array
     assert got(tmp_path / "a" / "f.json") == [("f-1", (want[0],)), ("f-2", (want[1],))]
+    (tmp_path / "s.json").write_text(json.dumps([r["prompt"] for r in rows]), encoding="utf-8")
+    assert got(tmp_path / "s.json") == [("s-1", (want[0],)), ("s-2", (want[1],))]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r["prompt"]) + "\n" for r in rows))
+    assert got(tmp_path / "s.jsonl") == [("s-1", (want[0],)), ("s-2", (want[1],))]
     (tmp_path / "one.json").write_text(json.dumps(rows[0], indent=2), encoding="utf-8")  # one record
     assert got(tmp_path / "one.json") == [("one-1", (want[0],))]
     with open(tmp_path / "f.csv", "w", newline="", encoding="utf-8") as f:
