@@ -317,6 +317,8 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any]) -> Doct
 
 # -------------------------------------------------------------------------------- CLI
 def add_doctor_parser(subparsers: Any) -> Any:
+    from eagle3_backend.verify.datasets import FILE_HELP
+
     p = subparsers.add_parser(
         "doctor", help="find train/serve wiring mismatches: which hidden states the draft fits",
         description="Run the target on real prompts capturing every layer's input, then score "
@@ -331,7 +333,7 @@ def add_doctor_parser(subparsers: Any) -> Any:
     p.add_argument("--target", default="bundled",
                    help="HF model dir or .gguf file (default: the bundled SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--dataset", default="mt-bench",
-                   help="mt-bench | sharegpt | FILE.jsonl with {\"prompt\"} or {\"messages\"} rows")
+                   help=f"mt-bench | sharegpt | {FILE_HELP} (default mt-bench)")
     p.add_argument("--limit", type=int, default=8, help="prompts to use (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=48,
                    help="greedy answer tokens per prompt to score on (default 48)")
@@ -474,10 +476,11 @@ def plot_scores(report: DoctorReport | None, path: str | Path, serve: Any = None
         ax.barh([v + 0.2 for v in y], offline, height=0.4, color="tab:blue", label="offline verifier")
         ax.barh([v - 0.2 for v in y], served, height=0.4, color="tab:orange", label=f"server {serve.url}")
         ax.set_yticks(y, names, fontsize=7)
-        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.set_xlim(0.9, max(offline + served) * 1.05)  # acceptance length is >= 1
         ax.set_xlabel("acceptance length (tokens per verify step)")
-        ax.set_title(f"served vs offline: SERVE {serve.verdict.upper()} (paired t = {serve.t:.1f})",
-                     fontsize=9)
+        ax.set_title(f"served vs offline: SERVE {serve.verdict.upper()} (paired t = {serve.t:.1f})\n"
+                     f"draft {Path(serve.draft).name}, server's draft "
+                     f"{Path(str(serve.server.get('draft'))).name}", fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out = Path(path)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.verify.datasets import FILE_HELP
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target", default="bundled",
                    help="HF model dir or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--dataset", default="sharegpt",
-                   help="sharegpt | FILE.jsonl with {\"prompt\"} or {\"messages\"} rows "
-                        "(default sharegpt; MT-Bench questions are always excluded)")
+                   help=f"sharegpt | {FILE_HELP} (default sharegpt; MT-Bench questions are "
+                        "always excluded)")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty checkpoint directory")
     p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
     p.add_argument("--layout", default=None,
@@ -124,10 +125,14 @@ def _prompts(dataset: str, seed: int) -> tuple[list[Any], int]:
     key = dataset.strip().lower()
     if key in ("mt-bench", "mtbench", "mt_bench"):
         raise Eagle3Error("--dataset mt-bench is the evaluation set; training on it would "
-                          "inflate `eagle3 eval`. Use sharegpt or a FILE.jsonl.")
+                          "inflate `eagle3 eval`. Use sharegpt or a prompt file.")
     prompts = load_prompts(dataset)
     banned = _mtbench_texts()
     kept = [p for p in prompts if p.text.strip() not in banned]
+    if not kept:
+        raise Eagle3Error(f"all {len(prompts)} prompts of {dataset} are MT-Bench questions, the "
+                          "evaluation set, which training always excludes. Train on other "
+                          "prompts (sharegpt or your own file).")
     random.Random(seed).shuffle(kept)
     return kept, len(prompts) - len(kept)
 

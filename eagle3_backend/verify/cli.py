@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.verify.datasets import FILE_HELP
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 def _dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="mt-bench",
-                   help="mt-bench | sharegpt | FILE: .jsonl/.json records ({\"prompt\"}, "
-                        "{\"messages\"}, ShareGPT, MT-Bench, Alpaca, ...), .txt one prompt a line, "
-                        ".csv/.tsv/.parquet with a prompt column, optionally .gz (default mt-bench)")
+                   help=f"mt-bench | sharegpt | {FILE_HELP} (default mt-bench)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="M",
                    help="new tokens per prompt (default 128)")

@@ -251,6 +251,10 @@ def read_sharegpt(path: str | Path | None = None, limit: int | None = None) -> l
 
 
 # --------------------------------------------------------------------------- prompt files
+#: what ``--dataset FILE`` accepts, for the CLIs' help texts.
+FILE_HELP = ("FILE: .jsonl/.json records ({\"prompt\"}, {\"messages\"}, ShareGPT, MT-Bench, "
+             "Alpaca, ...), .txt one prompt a line, .csv/.tsv/.parquet with a prompt column, "
+             "optionally .gz")
 _PROMPT_KEYS = ("prompt", "question", "problem")  # one string: the user turn
 _CHAT_KEYS = ("messages", "conversations", "conversation")  # a list of turns
 _ID_KEYS = ("id", "question_id", "task_id", "prompt_id", "idx")

@@ -87,3 +87,14 @@ def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, pr
     argv = _argv(tiny_target_dir, "mt-bench", tmp_path / "o", tmp_path / "c")
     assert main(argv) == 2
     assert "evaluation set" in capsys.readouterr().err
+
+
+def test_train_refuses_a_file_of_mtbench_questions(tmp_path, tiny_target_dir, capsys):
+    from eagle3_backend.verify.datasets import mtbench_path
+
+    # MT-Bench's own question.jsonl given as a path: every prompt is excluded
+    argv = _argv(tiny_target_dir, str(mtbench_path()), tmp_path / "o", tmp_path / "c")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"all 80 prompts of {mtbench_path()} are MT-Bench questions" in err
+    assert not (tmp_path / "o").exists()
