@@ -5,10 +5,10 @@
     eagle3 validate CKPT --target T          (exit 0 servable, 1 problems, 2 bad input)
     eagle3 env [--json]
     eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
-    eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE.jsonl [--json]
+    eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE [--json]
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
-    eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE.jsonl] [--minutes M]
-    eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE.jsonl]   (exit 0 fits, 1 mismatch)
+    eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE] [--minutes M]
+    eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE] [--url URL]   (exit 0 fits, 1 mismatch)
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
