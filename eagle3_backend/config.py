@@ -18,13 +18,14 @@ Variants found in published checkpoints, and what each flag means in
                       fc output (``hidden_norm(h)``), not ``h`` itself
 ``norm_output``       the hidden fed to the next draft step is the final-normed
                       one (the one the lm_head sees), not the pre-norm stream
-``rope_scaling``      None or llama3 frequency scaling (:class:`RopeScaling`)
+``rope_scaling``      None, llama3 or yarn frequency scaling (:class:`RopeScaling`)
 ``tie_word_embeddings`` lm_head is the embedding (needs draft vocab == vocab)
 ===================== ======================================================
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -35,6 +36,8 @@ from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
 
 __all__ = ["DTYPES", "DraftConfig", "RopeScaling"]
+
+logger = logging.getLogger(__name__)
 
 #: dtype names a draft may be built in, mapped to torch dtypes.
 DTYPES: dict[str, torch.dtype] = {
@@ -59,79 +62,221 @@ def _positive_float(name: str, value: Any) -> None:
         raise Eagle3Error(f"DraftConfig.{name} must be a finite number > 0, got {value!r}.")
 
 
+#: rope_scaling types this backend runs, and the keys each accepts (besides rope_type / type).
+_ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+             "attention_factor", "mscale", "mscale_all_dim"),
+}
+_YARN_ONLY = ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim")
+
+
+def _unsupported_type(kind: Any) -> Eagle3Error:
+    return Eagle3Error(
+        f"rope_scaling type {kind!r} is not supported; expected 'llama3', 'yarn' or no "
+        "scaling. Drafts with other scaling types cannot be run by this backend."
+    )
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """Llama-3 rotary frequency scaling (HF ``rope_scaling`` with ``rope_type: llama3``).
+    """Rotary frequency scaling (HF ``rope_scaling``): ``llama3`` or ``yarn``.
 
-    Wavelengths longer than ``original_max_position_embeddings / low_freq_factor``
-    are divided by ``factor``, shorter than ``... / high_freq_factor`` are kept,
-    and the band between is interpolated smoothly.
+    llama3 (``rope_type: llama3``): wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``,
+    shorter than ``... / high_freq_factor`` are kept, and the band between is
+    interpolated smoothly.
+
+    yarn (``rope_type: yarn``, gpt-oss and DeepSeek-style drafts): dimensions that turn
+    more than ``beta_fast`` times over ``original_max_position_embeddings`` positions
+    keep their frequency, fewer than ``beta_slow`` times are divided by ``factor``, with
+    a linear ramp between (its ends rounded outwards when ``truncate``); cos and sin
+    are then multiplied by :attr:`attention_scale`. A yarn dict without
+    ``original_max_position_embeddings`` takes the config's ``max_position_embeddings``
+    (as HF and SGLang do; see :meth:`from_dict`).
+
+    ``attention_scale`` follows SGLang 0.5.23 (what serves the draft), which differs
+    from transformers in one case: SGLang ignores an explicit ``attention_factor``
+    and always derives the scale from ``factor`` (and ``mscale`` / ``mscale_all_dim``
+    when both are set); a differing ``attention_factor`` is kept in the config and
+    logged, not applied.
     """
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
     rope_type: str = "llama3"
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool | None = None
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
     def __post_init__(self) -> None:
-        if self.rope_type != "llama3":
+        if self.rope_type not in _ROPE_KEYS:
+            raise _unsupported_type(self.rope_type)
+        _positive_int("rope_scaling.original_max_position_embeddings",
+                      self.original_max_position_embeddings)
+        if self.rope_type == "llama3":
+            self._check_llama3()
+        else:
+            self._check_yarn()
+
+    def _number(self, name: str, minimum: float = 0.0, inclusive: bool = False) -> None:
+        v = getattr(self, name)
+        ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+              and (v >= minimum if inclusive else v > minimum))
+        if not ok:
+            bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
             raise Eagle3Error(
-                f"rope_scaling type {self.rope_type!r} is not supported; expected 'llama3' "
-                "or no scaling. Drafts with other scaling types cannot be run by this backend."
+                f"rope_scaling.{name} must be a number {bound} for {self.rope_type} scaling, "
+                f"got {v!r}. Check the draft's config.json."
+            )
+        object.__setattr__(self, name, float(v))
+
+    def _check_llama3(self) -> None:
+        extra = [k for k in _YARN_ONLY if getattr(self, k) is not None]
+        if extra:
+            raise Eagle3Error(
+                f"rope_scaling of type llama3 sets {extra}, which only yarn scaling uses. "
+                "Remove them or set rope_type to the scaling the draft was trained with."
             )
         for name in ("factor", "low_freq_factor", "high_freq_factor"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise Eagle3Error(f"rope_scaling.{name} must be a number > 0, got {v!r}.")
-            object.__setattr__(self, name, float(v))
+            self._number(name)
         if self.high_freq_factor < self.low_freq_factor:
             raise Eagle3Error(
                 f"rope_scaling.high_freq_factor ({self.high_freq_factor}) is below "
                 f"low_freq_factor ({self.low_freq_factor}); llama3 scaling needs "
                 "high >= low (Llama 3.1 uses low 1.0, high 4.0). Check the draft's config.json."
             )
-        _positive_int("rope_scaling.original_max_position_embeddings",
-                      self.original_max_position_embeddings)
+
+    def _check_yarn(self) -> None:
+        extra = [k for k in ("low_freq_factor", "high_freq_factor") if getattr(self, k) is not None]
+        if extra:
+            raise Eagle3Error(
+                f"rope_scaling of type yarn sets {extra}, which only llama3 scaling uses. "
+                "Remove them or set rope_type to the scaling the draft was trained with."
+            )
+        for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0), ("truncate", True)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        # factor >= 1 as transformers expects; beta_* > 0 as SGLang divides by them.
+        self._number("factor", 1.0, inclusive=True)
+        self._number("beta_fast")
+        self._number("beta_slow")
+        if self.beta_fast < self.beta_slow:
+            raise Eagle3Error(
+                f"rope_scaling.beta_fast ({self.beta_fast}) is below beta_slow "
+                f"({self.beta_slow}); yarn needs fast >= slow (gpt-oss and the YaRN paper "
+                "use 32 and 1). Check the draft's config.json."
+            )
+        if not isinstance(self.truncate, bool):
+            raise Eagle3Error(
+                f"rope_scaling.truncate must be true or false, got {self.truncate!r}."
+            )
+        # > 0: transformers treats 0 as "not set" and SGLang does not, so 0 is ambiguous.
+        for name in ("attention_factor", "mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                self._number(name)
+        if self.attention_factor is not None and not math.isclose(
+                self.attention_factor, self.attention_scale, rel_tol=1e-12):
+            logger.warning(
+                "rope_scaling.attention_factor %r is not applied: SGLang 0.5.23 ignores it and "
+                "scales cos/sin by %r (derived from factor%s), so this backend does too; "
+                "transformers would use %r.", self.attention_factor, self.attention_scale,
+                ", mscale, mscale_all_dim" if self._uses_mscale_ratio else "",
+                self.attention_factor)
+
+    @property
+    def _uses_mscale_ratio(self) -> bool:
+        return self.mscale is not None and self.mscale_all_dim is not None
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor SGLang 0.5.23 multiplies cos and sin by (1.0 for llama3).
+
+        yarn: ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are
+        set, else ``0.1 * ln(factor) + 1``; ``attention_factor`` is not used (see class doc).
+        """
+        if self.rope_type != "yarn":
+            return 1.0
+        if self._uses_mscale_ratio:
+            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor,
+                                                                        self.mscale_all_dim)
+        return _yarn_mscale(self.factor)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "RopeScaling | None":
-        """From a HF ``rope_scaling`` dict; None or type 'default' means no scaling."""
+    def from_dict(cls, d: Mapping[str, Any] | None,
+                  max_position_embeddings: int | None = None) -> "RopeScaling | None":
+        """From a HF ``rope_scaling`` dict; None or type 'default' means no scaling.
+
+        ``max_position_embeddings`` (the config's) stands in for a yarn dict's missing
+        ``original_max_position_embeddings``, as in transformers and SGLang.
+        """
         if d is None:
             return None
         if not isinstance(d, Mapping):
             raise Eagle3Error(f"rope_scaling must be a dict or null, got {d!r}.")
         kind = d.get("rope_type", d.get("type", "default"))
+        if "rope_type" in d and "type" in d and d["type"] != d["rope_type"]:
+            raise Eagle3Error(
+                f"rope_scaling {dict(d)!r} says rope_type {d['rope_type']!r} but type "
+                f"{d['type']!r}; expected one scaling type. Remove the wrong key."
+            )
         if kind == "default":
             return None
-        if kind != "llama3":
+        if not isinstance(kind, str) or kind not in _ROPE_KEYS:
+            raise _unsupported_type(kind)
+        known = _ROPE_KEYS[kind]
+        unknown = sorted(k for k in d if k not in known and k not in ("rope_type", "type"))
+        if unknown and kind == "yarn":  # llama3 keeps its historical leniency
             raise Eagle3Error(
-                f"rope_scaling type {kind!r} is not supported; expected 'llama3' or no "
-                "scaling. Drafts with other scaling types cannot be run by this backend."
+                f"rope_scaling {dict(d)!r} of type yarn has keys {unknown} this backend does "
+                f"not implement; expected only {list(known)} (transformers' yarn keys). "
+                "Remove them if the draft was trained without them."
             )
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor",
-                               "original_max_position_embeddings") if k not in d]
+        # null means "use the default" only where HF and SGLang agree on it (mscale,
+        # mscale_all_dim, attention_factor); SGLang reads a null truncate as false and
+        # fails on a null beta, HF defaults them, so a null there is refused.
+        nulls = [k for k in ("factor", "beta_fast", "beta_slow", "truncate")
+                 if k in d and d[k] is None]
+        if nulls and kind == "yarn":
+            raise Eagle3Error(
+                f"rope_scaling {dict(d)!r} of type yarn sets {nulls} to null; transformers and "
+                "SGLang read a null there differently. Give a value or remove the key."
+            )
+        args = {k: d[k] for k in known if d.get(k) is not None}
+        if kind == "yarn" and "original_max_position_embeddings" not in args:
+            if max_position_embeddings is not None:
+                args["original_max_position_embeddings"] = max_position_embeddings
+        required = ("factor", "original_max_position_embeddings") if kind == "yarn" else known
+        missing = [k for k in required if k not in args]
         if missing:
+            needs = {"llama3": "factor, low_freq_factor, high_freq_factor and "
+                               "original_max_position_embeddings",
+                     "yarn": "factor and original_max_position_embeddings (or the config's "
+                             "max_position_embeddings)"}[kind]
             raise Eagle3Error(
-                f"rope_scaling {dict(d)!r} is of type llama3 but lacks {missing}; "
-                "llama3 scaling needs factor, low_freq_factor, high_freq_factor and "
-                "original_max_position_embeddings."
+                f"rope_scaling {dict(d)!r} is of type {kind} but lacks {missing}; "
+                f"{kind} scaling needs {needs}."
             )
-        return cls(
-            factor=d["factor"],
-            low_freq_factor=d["low_freq_factor"],
-            high_freq_factor=d["high_freq_factor"],
-            original_max_position_embeddings=d["original_max_position_embeddings"],
-        )
+        return cls(rope_type=kind, **args)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rope_type": self.rope_type,
-            "factor": self.factor,
-            "low_freq_factor": self.low_freq_factor,
-            "high_freq_factor": self.high_freq_factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-        }
+        """The HF ``rope_scaling`` dict; unset optional yarn keys are left out."""
+        out: dict[str, Any] = {"rope_type": self.rope_type}
+        for k in _ROPE_KEYS[self.rope_type]:
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +330,8 @@ class DraftConfig:
 
         object.__setattr__(self, "layout", Layout.parse(self.layout))
         if isinstance(self.rope_scaling, Mapping) or self.rope_scaling is None:
-            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(
+                self.rope_scaling, max_position_embeddings=self.max_position_embeddings))
         elif not isinstance(self.rope_scaling, RopeScaling):
             raise Eagle3Error(
                 f"DraftConfig.rope_scaling must be None, a RopeScaling or a HF rope_scaling "

@@ -105,11 +105,16 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Rotary inverse frequencies [head_dim // 2], fp32, with optional llama3 scaling."""
+    """Rotary inverse frequencies [head_dim // 2], fp32, with optional llama3 or yarn scaling.
+
+    yarn also scales cos/sin by ``scaling.attention_scale`` (see :class:`Attention`).
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
                              / head_dim))
     if scaling is None:
         return inv_freq
+    if scaling.rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     old_len = scaling.original_max_position_embeddings
     low_wavelen = old_len / scaling.low_freq_factor    # longer than this: fully scaled
     high_wavelen = old_len / scaling.high_freq_factor  # shorter than this: kept
@@ -122,6 +127,33 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     mid = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, mid)
     return torch.where(wavelen < high_wavelen, inv_freq, scaled)
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN (Peng et al. 2023, sec. 3.2) in fp32, as SGLang 0.5.23 and transformers compute it.
+
+    Dimension pair i turns ``L / (2 pi) * theta^(-2i/D)`` times over the original
+    context L; solving for i at ``beta_fast`` and ``beta_slow`` turns gives the ramp
+    [lo, hi] (rounded outwards when ``truncate``, clamped to [0, D - 1]). Pairs below
+    lo keep theta^(-2i/D), pairs above hi use it divided by ``factor``.
+    """
+    def dim_at(turns: float) -> float:
+        return head_dim * math.log(scaling.original_max_position_embeddings
+                                   / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim_at(scaling.beta_fast), dim_at(scaling.beta_slow)
+    if scaling.truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, head_dim - 1)
+    if hi == lo:
+        hi += 0.001  # a step, not a division by zero
+    # device="cpu": a model built under a meta-device context still gets real frequencies
+    period = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
+                       / head_dim)  # 1 / inv_freq
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - lo)
+            / (hi - lo)).clamp(0, 1)
+    keep = 1 - ramp  # 1: original frequency, 0: divided by factor
+    return (1.0 / (scaling.factor * period)) * (1 - keep) + (1.0 / period) * keep
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -143,6 +175,18 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
         # A plain attribute, not a buffer: module.to(bfloat16) must not round it.
         self._inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        # yarn multiplies cos and sin by this (SGLang's cos_sin_cache does the same); else 1
+        self._rope_scale = cfg.rope_scaling.attention_scale if cfg.rope_scaling else 1.0
+
+    def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, D/2] (fp32) of positions [B, T], yarn's scale applied."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        angles = positions.float()[:, None, :, None] * self._inv_freq  # [B, 1, T, D/2]
+        cos, sin = angles.cos(), angles.sin()
+        if self._rope_scale != 1.0:
+            cos, sin = cos * self._rope_scale, sin * self._rope_scale
+        return cos, sin
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache | None,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -151,10 +195,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        if self._inv_freq.device != x.device:
-            self._inv_freq = self._inv_freq.to(x.device)
-        angles = positions.float()[:, None, :, None] * self._inv_freq  # [B, 1, T, D/2]
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = self.rope_cos_sin(positions)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.append(k, v)  # [B, Hkv, L+T, D]

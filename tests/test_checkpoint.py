@@ -398,8 +398,10 @@ def test_missing_d2t_with_smaller_draft_vocab(make_draft_checkpoint):
                 "hidden_size": 64}, r"is not an EAGLE-3 draft.*not the target"),
     (lambda c: c.update(architectures=["Eagle3DeepseekV2ForCausalLM"]), r"MLA-attention"),
     (lambda c: c.update(num_aux_hidden_states=2), r"'num_aux_hidden_states' is 2, but the layout"),
-    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-     r"rope_scaling type 'yarn' is not supported"),
+    (lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+     r"rope_scaling type 'dynamic' is not supported; expected 'llama3', 'yarn' or no scaling"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5}),
+     r"rope_scaling.beta_fast \(0.5\) is below beta_slow \(1.0\)"),
 ])
 def test_bad_config_fields(make_draft_checkpoint, hook, match):
     src = make_draft_checkpoint("sglang", config_hook=hook)

@@ -322,37 +322,88 @@ def test_eagle_repo_pickle_draft_needs_allow_pickle(tmp_path, tiny_draft):
     assert d.layout.to_strings() == ["layer_input:2", "layer_input:16", "layer_input:29"]
 
 
-def test_modelopt_export_loads_without_t2d(tmp_path, tiny_draft):
+# ModelOpt's export (nvidia/*-Eagle3) for a gpt-oss target, tiny dims (the real one: hidden
+# 2880, head_dim 64) and the target's YaRN rope as nvidia/gpt-oss-120b-Eagle3 publishes it.
+MODELOPT_GPT_OSS = {
+    "architectures": ["LlamaForCausalLMEagle3"], "hidden_act": "silu", "hidden_size": 64,
+    "intermediate_size": 128, "max_position_embeddings": 131072, "model_type": "llama",
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "vocab_size": 512, "draft_vocab_size": 512, "head_dim": 16,
+    "mlp_bias": False, "pretraining_tp": 1, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32],
+                     "use_aux_hidden_state": True,
+                     "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                     "use_mtp_layernorm": False, "next_layer_regular": True,
+                     "parallel_draft_step": 1, "parallel_draft_heads_num_layers": 1}}
+GPT_OSS = TargetInfo("GptOssForCausalLM", "gpt_oss", 36, 64, 512, "tiny-gpt-oss")
+
+
+@pytest.fixture
+def modelopt_weights(tiny_draft):
+    """Full-vocabulary tensors with neither d2t nor t2d, as ModelOpt exports them."""
+    return {k: v for k, v in tiny_draft(dtype="bfloat16", embed=False, draft_vocab_size=512)
+            .state_dict.items() if k not in ("d2t", "t2d")}
+
+
+def test_modelopt_export_loads_without_t2d(tmp_path, modelopt_weights):
     # ModelOpt's export (nvidia/*-Eagle3): extra eagle_config keys, mlp_bias/pretraining_tp,
     # d2t optional and no t2d; here the full-vocabulary case with neither.
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_act": "silu", "hidden_size": 64,
-           "intermediate_size": 128, "max_position_embeddings": 131072, "model_type": "llama",
-           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
-           "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-           "vocab_size": 512, "draft_vocab_size": 512, "rope_scaling": None, "head_dim": 16,
-           "mlp_bias": False, "pretraining_tp": 1, "rope_theta": 150000,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32],
-                            "use_aux_hidden_state": True,
-                            "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
-                            "use_mtp_layernorm": False, "next_layer_regular": True,
-                            "parallel_draft_step": 1, "parallel_draft_heads_num_layers": 1}}
-    sd = {k: v for k, v in tiny_draft(dtype="bfloat16", embed=False, draft_vocab_size=512)
-          .state_dict.items() if k not in ("d2t", "t2d")}
-    gpt_oss = TargetInfo("GptOssForCausalLM", "gpt_oss", 36, 64, 512, "tiny-gpt-oss")
-    d = load_draft(_publish(tmp_path, "modelopt", cfg, sd), target=gpt_oss)
+    cfg = dict(MODELOPT_GPT_OSS, rope_scaling=None)
+    sd = modelopt_weights
+    d = load_draft(_publish(tmp_path, "modelopt", cfg, sd), target=GPT_OSS)
     assert d.layout.to_strings() == ["layer_input:2", "layer_input:18", "layer_input:33"]
     assert not d.has_d2t and torch.equal(d.state_dict["d2t"], torch.zeros(512, dtype=torch.int64))
 
 
-def test_yarn_rope_draft_is_refused_with_its_type(tmp_path, weights):
-    # nvidia gpt-oss drafts carry the target's YaRN rope_scaling; the draft model here
-    # implements only llama3 scaling, so it is refused rather than run with the wrong rope.
-    cfg = dict(ANGELSLIM_QWEN3_8B, architectures=["LlamaForCausalLMEagle3"], rope_scaling={
-        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False})
-    src = _publish(tmp_path, "yarn", cfg, weights)
+def test_yarn_rope_gpt_oss_draft_loads_and_converts_unchanged(tmp_path, modelopt_weights,
+                                                             tiny_target_config):
+    # nvidia gpt-oss drafts carry the target's YaRN rope_scaling (truncate: false, which
+    # SGLang 0.5.23 honours); the draft model runs it, and convert writes it back unchanged.
+    src = _publish(tmp_path, "yarn", MODELOPT_GPT_OSS, modelopt_weights)
+    d = load_draft(src, target=GPT_OSS)
+    rs = d.config.rope_scaling
+    assert (rs.rope_type, rs.factor, rs.truncate, rs.original_max_position_embeddings) == (
+        "yarn", 32.0, False, 4096)
+    assert rs.to_dict() == MODELOPT_GPT_OSS["rope_scaling"]
+    target = tiny_target_config(architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                                num_hidden_layers=36)
+    assert main(["convert", str(src), str(tmp_path / "sg"), "--to", "sglang",
+                 "--target", str(target)]) == 0
+    written = json.loads((tmp_path / "sg" / "config.json").read_text())
+    assert written["rope_scaling"] == MODELOPT_GPT_OSS["rope_scaling"]
+    assert written["max_position_embeddings"] == 131072
+    assert main(["validate", str(tmp_path / "sg"), "--target", str(target)]) == 0
+
+
+def test_unsupported_rope_type_is_refused_with_its_type(tmp_path, modelopt_weights):
+    cfg = dict(MODELOPT_GPT_OSS, rope_scaling={"rope_type": "longrope", "factor": 32.0,
+                                               "short_factor": [1.0] * 8, "long_factor": [1.0] * 8,
+                                               "original_max_position_embeddings": 4096})
+    src = _publish(tmp_path, "longrope", cfg, modelopt_weights)
     with pytest.raises(CheckpointError) as err:
-        load_draft(src, target=QWEN3_8B)
+        load_draft(src, target=GPT_OSS)
     assert str(err.value) == (
-        f"{src}/config.json: rope_scaling type 'yarn' is not supported; expected 'llama3' or no "
-        f"scaling. Drafts with other scaling types cannot be run by this backend.")
+        f"{src}/config.json: rope_scaling type 'longrope' is not supported; expected 'llama3', "
+        f"'yarn' or no scaling. Drafts with other scaling types cannot be run by this backend.")
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_yarn_rope_round_trips_through_convert(make_draft_checkpoint, tiny_target_config,
+                                               tmp_path, fmt):
+    # DeepSeek-style keys (mscale, mscale_all_dim) and no original length: it is taken from
+    # max_position_embeddings, written explicitly, and the rest comes back as it went in.
+    rope = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
+            "truncate": True, "mscale": 1.0, "mscale_all_dim": 0.8}
+    src = make_draft_checkpoint("sglang", rope_scaling=rope, max_position_embeddings=256)
+    d = load_draft(src)
+    assert d.config.rope_scaling.to_dict() == {**rope, "original_max_position_embeddings": 256}
+    target = tiny_target_config()
+    dst = tmp_path / f"out-{fmt}"
+    assert main(["convert", str(src), str(dst), "--to", fmt, "--target", str(target)]) == 0
+    back = load_draft(dst)
+    assert back.config == d.config
+    assert main(["validate", str(dst), "--target", str(target)]) == 0

@@ -86,7 +86,9 @@ def ref_forward(m: Eagle3DraftModel, ids, hidden, projected=False, positions=Non
     v = (x @ sd[a + "v_proj.weight"].T).view(B, T, nkv, D)
     pos = torch.arange(T).expand(B, T) if positions is None else positions
     ang = pos.double()[..., None] * rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling).double()
-    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, :, None], torch.cat([ang.sin()] * 2, -1)[:, :, None]
+    scale = cfg.rope_scaling.attention_scale if cfg.rope_scaling else 1.0  # yarn's; checked in test_rope
+    cos = torch.cat([ang.cos()] * 2, -1)[:, :, None] * scale
+    sin = torch.cat([ang.sin()] * 2, -1)[:, :, None] * scale
 
     def rot(t):  # rotate_half formulation
         t1, t2 = t[..., : D // 2], t[..., D // 2:]
@@ -138,7 +140,8 @@ def test_config_resolves_and_derives():
     (dict(head_dim=7), "head_dim must be even"),
     (dict(hidden_size=0), "hidden_size must be a positive integer, got 0"),
     (dict(fc_norm=1), "fc_norm must be True or False"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "'yarn' is not supported"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 4.0}), "'longrope' is not supported"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 0.5}), "factor must be a number >= 1"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "lacks ['low_freq_factor'"),
     (dict(layout="[embed, embed]"), "names embed twice"),
 ])
@@ -235,6 +238,8 @@ VARIANTS = [
     (dict(norm_before_residual=True), set()),
     (dict(norm_output=True), set()),
     (dict(rope_scaling=RopeScaling(8.0, 1.0, 4.0, 16)), set()),
+    (dict(rope_scaling=RopeScaling(4.0, original_max_position_embeddings=16, rope_type="yarn")),
+     set()),
     (dict(rope_theta=500000.0), set()),
     (dict(num_key_value_heads=4), set()),
 ]
