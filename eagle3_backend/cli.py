@@ -72,7 +72,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                   f"{tgt['num_hidden_layers'] or '?'} layers (as recorded or given by --target)")
     on = [k for k, v in rep["variants"].items() if v and k != "rope_scaling"]
     if rep["variants"]["rope_scaling"]:
-        on.append("rope_scaling=llama3")
+        on.append(f"rope_scaling={rep['variants']['rope_scaling']['rope_type']}")
     vocab = (f"draft {cfg.draft_vocab_size} of target {cfg.vocab_size} ids (d2t map)"
              if rep["has_d2t"] else f"full target vocabulary {cfg.vocab_size}")
     rows = [

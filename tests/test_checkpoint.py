@@ -402,6 +402,9 @@ def test_missing_d2t_with_smaller_draft_vocab(make_draft_checkpoint):
      r"rope_scaling type 'dynamic' is not supported; expected 'llama3', 'yarn' or no scaling"),
     (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5}),
      r"rope_scaling.beta_fast \(0.5\) is below beta_slow \(1.0\)"),
+    (lambda c: c.update(original_max_position_embeddings=2048, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}),
+     r"'original_max_position_embeddings' is 2048 but rope_scaling's is 4096"),
 ])
 def test_bad_config_fields(make_draft_checkpoint, hook, match):
     src = make_draft_checkpoint("sglang", config_hook=hook)
@@ -518,3 +521,10 @@ def test_speculators_training_only_tensors_are_dropped_with_a_note(make_draft_ch
     assert "verifier_lm_head.weight" not in d.state_dict
     assert any("dropped training-only tensors ['verifier_lm_head.weight', "
                "'verifier_norm.weight']" in w for w in d.warnings)
+
+
+def test_top_level_original_length_fills_a_yarn_dict(make_draft_checkpoint):
+    # SGLang's llama model and transformers' standardize_rope_params both take it
+    src = make_draft_checkpoint("sglang", config_hook=lambda c: c.update(
+        original_max_position_embeddings=64, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    assert load_draft(src).config.rope_scaling.original_max_position_embeddings == 64

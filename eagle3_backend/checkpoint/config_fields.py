@@ -119,6 +119,18 @@ def rope_fields(f: Fields) -> tuple[float, dict[str, Any] | None]:
             theta = float(params["rope_theta"])
         if scaling is None and params.get("rope_type", "default") != "default":
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    top_omax = f.int("original_max_position_embeddings", None)
+    if top_omax is not None and scaling is not None and scaling.get(
+            "rope_type", scaling.get("type")) == "yarn":
+        # SGLang and transformers both let a top-level value override the dict's.
+        inner = scaling.get("original_max_position_embeddings")
+        if inner is not None and inner != top_omax:
+            raise CheckpointError(
+                f"{f.where}: field {f.prefix}'original_max_position_embeddings' is {top_omax} "
+                f"but rope_scaling's is {inner!r}; SGLang and transformers use the top-level "
+                f"one. Make them equal (the value the target was pre-trained with)."
+            )
+        scaling = {**scaling, "original_max_position_embeddings": top_omax}
     return (theta if theta is not None else 10000.0), scaling
 
 
