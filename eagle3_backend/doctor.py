@@ -239,34 +239,14 @@ def collect_states(target: Any, prompts: Sequence[Any], *, max_new_tokens: int =
     """The target's greedy answers to ``prompts`` with every residual-stream state
     captured: DataSequences whose aux is [L-1, (num_layers + 1) * H] in the order
     embed, layer_input:1 .. layer_input:num_layers (see :func:`all_sources`)."""
-    from eagle3_backend.train.data import generate_batch
-    from eagle3_backend.verify.datasets import render_prompt
+    from eagle3_backend.train.data import generate_sequences
 
-    encoded = []
-    for p in prompts:
-        ids = render_prompt(target.tokenizer, p, chat_template=chat_template)
-        if 0 < len(ids) <= max_prompt_tokens:
-            encoded.append((p.id, ids))
-    if not encoded:
-        raise Eagle3Error(f"none of the {len(prompts)} prompts fits max_prompt_tokens="
-                          f"{max_prompt_tokens} after the chat template; pass shorter prompts.")
     # Every layer's states are kept: fp32 targets keep fp32, others their 16-bit dtype.
-    store_dtype = torch.float32 if target.dtype == torch.float32 else torch.bfloat16
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(encoded), desc="doctor: target answers", unit="prompt")
-    sequences = []
-    for i in range(0, len(encoded), batch_size):
-        chunk = encoded[i:i + batch_size]
-        seqs, _ = generate_batch(target, [e[1] for e in chunk], [e[0] for e in chunk],
-                                 all_sources(target.num_layers), max_new_tokens, store_dtype)
-        sequences.extend(seqs)
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
+    store = "float32" if target.dtype == torch.float32 else "bfloat16"
+    sequences, _ = generate_sequences(
+        target, prompts, all_sources(target.num_layers), max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, store_dtype=store,
+        chat_template=chat_template, progress=progress, desc="doctor: target answers")
     return sequences
 
 

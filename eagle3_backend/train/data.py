@@ -43,6 +43,7 @@ __all__ = [
     "TrainingData",
     "data_key",
     "generate_data",
+    "generate_sequences",
     "load_data",
     "prompt_token_counts",
     "save_data",
@@ -215,17 +216,30 @@ def _target_weights(target: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return embed, head, norm.weight.detach().float().cpu()
 
 
-def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
-                  max_new_tokens: int, num_prompts: int | None = None,
-                  max_prompt_tokens: int = 256, batch_size: int = 32,
-                  store_dtype: str = "bfloat16", seed: int = 0, deadline: float | None = None,
-                  progress: bool = False) -> TrainingData:
-    """Self-distilled data: the target's greedy answers to ``prompts`` (verify ``Prompt``s).
+@dataclass(slots=True)
+class GenerationStats:
+    """What :func:`generate_sequences` did besides producing sequences."""
 
-    The first ``num_prompts`` prompts (all when None) whose chat-template rendering
-    fits ``max_prompt_tokens`` are used; longer ones are skipped. Batches hold prompts
-    of similar length and run in a seeded random order, so a ``deadline`` that stops
-    generation early keeps a fair sample.
+    skipped_too_long: int
+    truncated_by_deadline: bool
+    seconds: float
+
+
+def generate_sequences(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
+                       max_new_tokens: int, num_prompts: int | None = None,
+                       max_prompt_tokens: int = 256, batch_size: int = 32,
+                       store_dtype: str = "bfloat16", seed: int = 0,
+                       deadline: float | None = None, chat_template: bool = True,
+                       progress: bool = False, desc: str = "data: target answers",
+                       ) -> tuple[list[DataSequence], GenerationStats]:
+    """The target's greedy answers to ``prompts`` (verify ``Prompt``s) with ``layout``'s
+    hidden states captured, one :class:`DataSequence` per prompt.
+
+    The first ``num_prompts`` prompts (all when None) whose rendering (through the chat
+    template unless ``chat_template`` is False) is non-empty and fits ``max_prompt_tokens``
+    are used; longer ones are skipped and counted. Batches hold prompts of similar length
+    and run in a seeded random order, so a ``deadline`` that stops generation early keeps
+    a fair sample.
     """
     from eagle3_backend.verify.datasets import render_prompt
 
@@ -240,15 +254,16 @@ def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
     for p in prompts:
         if num_prompts is not None and len(encoded) >= num_prompts:
             break
-        ids = render_prompt(target.tokenizer, p)
-        if len(ids) > max_prompt_tokens:
+        ids = render_prompt(target.tokenizer, p, chat_template=chat_template)
+        if not 0 < len(ids) <= max_prompt_tokens:
             skipped += 1
             continue
         encoded.append((p.id, ids))
     if not encoded:
         raise Eagle3Error(
-            f"all {len(prompts)} prompts are longer than max_prompt_tokens={max_prompt_tokens} "
-            "tokens after the chat template. Raise --max-prompt-tokens or use shorter prompts."
+            f"all {len(prompts)} prompts are empty or longer than max_prompt_tokens="
+            f"{max_prompt_tokens} tokens after the chat template. Raise --max-prompt-tokens or "
+            "use shorter prompts."
         )
     encoded.sort(key=lambda e: len(e[1]))
     batches = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
@@ -257,7 +272,7 @@ def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(encoded), desc="data: target answers", unit="prompt")
+        bar = tqdm(total=len(encoded), desc=desc, unit="prompt")
     sequences: list[DataSequence] = []
     truncated = False
     t0 = time.perf_counter()
@@ -274,16 +289,31 @@ def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
             bar.set_postfix(answer_tokens=sum(s.answer_len for s in sequences))
     if bar is not None:
         bar.close()
-    seconds = time.perf_counter() - t0
+    return sequences, GenerationStats(skipped, truncated, time.perf_counter() - t0)
+
+
+def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
+                  max_new_tokens: int, num_prompts: int | None = None,
+                  max_prompt_tokens: int = 256, batch_size: int = 32,
+                  store_dtype: str = "bfloat16", seed: int = 0, deadline: float | None = None,
+                  progress: bool = False) -> TrainingData:
+    """Self-distilled training data: :func:`generate_sequences` (same arguments) plus the
+    target's embedding, lm_head and final norm the trainer needs."""
+    layout = Layout.parse(layout)
+    sequences, stats = generate_sequences(
+        target, prompts, layout, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
+        max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, store_dtype=store_dtype,
+        seed=seed, deadline=deadline, progress=progress)
     embed, head, norm = _target_weights(target)
     n_answer = sum(s.answer_len for s in sequences)
     logger.info("generated %d answers (%d answer tokens) in %.1f s; %d prompts skipped as too long",
-                len(sequences), n_answer, seconds, skipped)
+                len(sequences), n_answer, stats.seconds, stats.skipped_too_long)
     return TrainingData(
         layout=layout, sequences=sequences, embed=embed, lm_head=head, final_norm=norm,
-        meta={"prompts_skipped_too_long": skipped,
+        meta={"prompts_skipped_too_long": stats.skipped_too_long,
               "prompts_used": len(sequences), "answer_tokens": n_answer,
-              "generation_seconds": round(seconds, 2), "truncated_by_deadline": truncated,
+              "generation_seconds": round(stats.seconds, 2),
+              "truncated_by_deadline": stats.truncated_by_deadline,
               "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
               "store_dtype": store_dtype, "target": str(target.path)},
     )
