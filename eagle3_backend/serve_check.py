@@ -42,6 +42,7 @@ from eagle3_backend.errors import Eagle3Error
 MIN_OFFLINE_GAIN = 0.10   # offline acceptance below 1.10: too little to compare a server against
 REL_GAP = 0.25            # served vs offline differ by >= 25% of the offline gain (acceptance - 1) ...
 T_MISMATCH = 3.0          # ... and by >= 3 standard errors of the per-prompt differences
+MIN_PROMPTS = 5           # fewer prompts make the paired t meaningless
 
 _SPEC_ALGOS = ("EAGLE", "EAGLE3")
 
@@ -105,9 +106,16 @@ class ServeReport:
                 "message": self.message, "settings": self.settings, "server": self.server,
                 "offline_acceptance_length": round(self.offline_acceptance, 4),
                 "served_acceptance_length": round(self.served_acceptance, 4),
-                "paired_t": None if math.isnan(self.t) else round(self.t, 2),
+                "paired_t": _json_number(self.t),
                 "identical_answers": self.identical_answers, "notes": self.notes,
                 "prompts": [p.as_dict() for p in self.prompts]}
+
+
+def _json_number(x: float) -> float | str | None:
+    """Strict JSON has no NaN or infinity: None for NaN, "inf" / "-inf" as strings."""
+    if math.isnan(x):
+        return None
+    return round(x, 2) if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 def _ratio(prompts: Sequence[PromptResult], which: str) -> float:
@@ -219,18 +227,20 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
     from eagle3_backend.verify.engine import SpeculativeEngine, load_draft_model
     from eagle3_backend.verify.tree import SpecSettings
 
+    encoded = [(p.id, ids) for p in prompts
+               if 0 < len(ids := render_prompt(target.tokenizer, p, chat_template=chat_template))
+               <= max_prompt_tokens]
+    if len(encoded) < MIN_PROMPTS:
+        raise Eagle3Error(f"{len(encoded)} of the {len(prompts)} prompts are 1 to max_prompt_tokens="
+                          f"{max_prompt_tokens} tokens long after the chat template; comparing a "
+                          f"server with the offline verifier needs at least {MIN_PROMPTS} (a paired "
+                          f"test over prompts). Pass more or shorter prompts (--limit, --dataset).")
     try:
         info = fetch_server_info(url, timeout_s=min(30.0, timeout_s))
     except ValueError as exc:
         raise Eagle3Error(f"cannot read /server_info from {url}: {exc}. Is an SGLang server "
                           f"running there?") from None
     settings = server_settings(info, url)
-    encoded = [(p.id, ids) for p in prompts
-               if 0 < len(ids := render_prompt(target.tokenizer, p, chat_template=chat_template))
-               <= max_prompt_tokens]
-    if not encoded:
-        raise Eagle3Error(f"none of the {len(prompts)} prompts fits max_prompt_tokens="
-                          f"{max_prompt_tokens} after the chat template; pass shorter prompts.")
     served = _query(url, [ids for _, ids in encoded], max_new_tokens, timeout_s)
     for field_name, why in (("spec_verify_ct", "it did not run speculative decoding on them"),
                             ("output_ids", "expected SGLang's native /generate response")):

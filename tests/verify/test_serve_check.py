@@ -6,12 +6,19 @@ End to end against a real SGLang server: tests/cpu/test_cpu_doctor_serve.py.
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 
 from eagle3_backend.doctor import MISMATCH, OK, WEAK
 from eagle3_backend.errors import Eagle3Error
-from eagle3_backend.serve_check import PromptResult, judge_serve, paired_t, server_settings
+from eagle3_backend.serve_check import (
+    PromptResult,
+    ServeReport,
+    judge_serve,
+    paired_t,
+    server_settings,
+)
 
 URL = "http://127.0.0.1:30000"
 
@@ -86,3 +93,41 @@ def test_server_settings_are_read_and_checked():
         server_settings({"speculative_algorithm": None}, URL)
     with pytest.raises(Eagle3Error, match=r"reports speculative_eagle_topk=None in /server_info"):
         server_settings({**info, "speculative_eagle_topk": None}, URL)
+
+
+def test_the_json_report_is_strict_json():
+    import json
+
+    rows = _prompts([(32, 16)] * 3, [(32, 20)] * 3)   # every difference the same: t = -inf
+    verdict, message, t = judge_serve(rows)
+    assert t == -math.inf
+    report = ServeReport(URL, "draft", {}, {}, rows, verdict, message, t)
+    assert json.loads(json.dumps(report.as_dict(), allow_nan=False))["paired_t"] == "-inf"
+    report.t = math.nan
+    assert report.as_dict()["paired_t"] is None
+
+
+def _mtbench(n: int):
+    from eagle3_backend.verify.datasets import read_mtbench
+
+    return read_mtbench(limit=n)
+
+
+def test_check_server_refuses_bad_input_before_any_generation(smol_target, serve, tmp_path):
+    from eagle3_backend.serve_check import MIN_PROMPTS, check_server
+
+    draft = tmp_path / "never-read"
+    with pytest.raises(Eagle3Error, match=rf"^2 of the 2 prompts .* needs at least {MIN_PROMPTS}"):
+        check_server(URL, draft, smol_target, _mtbench(2))
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(Eagle3Error, match=rf"cannot read /server_info from {closed}: .* Is an SGLang server"):
+        check_server(closed, draft, smol_target, _mtbench(MIN_PROMPTS))
+    srv = serve(spec=False)             # a target-only server: nothing to compare
+    with pytest.raises(Eagle3Error, match=r"runs speculative_algorithm=None, not EAGLE3"):
+        check_server(srv.url, draft, smol_target, _mtbench(MIN_PROMPTS))
+    srv = serve()                       # EAGLE3, but /server_info lacks the top-k and draft tokens
+    with pytest.raises(Eagle3Error, match=r"reports speculative_eagle_topk=None in /server_info"):
+        check_server(srv.url, draft, smol_target, _mtbench(MIN_PROMPTS))
+    assert srv.bodies == []             # nothing was generated
