@@ -85,6 +85,13 @@ HOOKS: tuple[Hook, ...] = (
          "(self, obj, input_ids)", "main", f"{_S}.requests:before_validate_one_request",
          "an empty prompt, an out-of-vocabulary token id or top_logprobs_num above the vocabulary "
          "raises in the scheduler and stops the server"),
+    # -- scheduler: a request reaching the KV pool ends with "length", not a 500 ----------
+    Hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AFTER, "(self, req)",
+         "serve", f"{_S}.requests:after_init_req_max_new_tokens",
+         "SGLang clips max_new_tokens for one decode token a step; an EAGLE-3 step reserves "
+         "more, so a request reaching the pool was aborted with HTTP 500 and no output"),
+    Hook("sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode", USE, "()", "serve",
+         why="the KV slots one request reserves past its committed length each decode step"),
     # -- scheduler: layout-exact capture --------------------------------------------------
     Hook(_CONFIGURE, AROUND,
          "(*, model, eagle_use_aux_hidden_state, eagle_aux_hidden_state_layer_ids, "

@@ -134,6 +134,11 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
             "top_logprobs_num > vocab": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4},
                                                               "return_logprob": True, "top_logprobs_num": 10**5}),
         }
+        # Prompt + max_new_tokens past the 4096-token KV pool: SGLang clips max_new_tokens
+        # for 1-token decode steps (14 here) and the EAGLE-3 verify reserve then aborted
+        # the request with HTTP 500 and no output; the plugin clips with the reserve counted.
+        near_pool = srv.post("/generate", {"input_ids": [1] * 4080, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}}, timeout=REQUEST_TIMEOUT)
         name, (ids, n) = next(iter(prompts.items()))
         after = srv.generate(ids, n, timeout=REQUEST_TIMEOUT)
     assert len(outs) == NUM_MTBENCH + len(REPEAT_PROMPTS)
@@ -143,6 +148,10 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
     assert "The prompt is empty" in str(bad["empty prompt"][1])
     assert "token id 1000000000 at position 1" in str(bad["out-of-vocabulary id"][1])
     assert "top_logprobs_num is 100000, larger than the model's vocabulary" in str(bad["top_logprobs_num > vocab"][1])
+    status, body = near_pool
+    assert status == 200, f"request reaching the KV pool: HTTP {status} {str(body)[:300]}"
+    assert body["meta_info"]["finish_reason"]["type"] == "length", body["meta_info"]
+    assert len(body["output_ids"]) == 14 - 8, body["meta_info"]  # the clip minus the reserve
     assert after["output_ids"] == reference_outputs[name]["output_ids"], "server state changed after bad requests"
     lengths = [_accept_length(o) for o in outs.values()]
     assert all(1.0 <= a <= 4.0 for a in lengths), lengths

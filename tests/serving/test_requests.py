@@ -72,3 +72,60 @@ def test_top_logprobs_beyond_the_vocabulary(generate_req):
         f"ask for at most {VOCAB} top logprobs.")
     ok = generate_req(text="hi", return_logprob=True, top_logprobs_num=VOCAB)
     assert prompt_problem(ok, [5], VOCAB) is None
+
+
+# --------------------------------------------------------- max_new_tokens near the KV pool
+POOL = 4096
+RESERVE = 8  # 2 x max(steps x topk, draft tokens) for steps 3, topk 1, 4 draft tokens
+
+
+@pytest.fixture
+def scheduler_and_req(monkeypatch):
+    """SGLang's own Scheduler.init_req_max_new_tokens on a 4096-token pool, then the plugin's clip."""
+    scheduler_mod = pytest.importorskip("sglang.srt.managers.scheduler")
+    torch = pytest.importorskip("torch")
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache import allocation_sizing
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from eagle3_backend.serving.requests import after_init_req_max_new_tokens
+
+    # what SGLang computes for --speculative-num-steps 3 --speculative-eagle-topk 1
+    # --speculative-num-draft-tokens 4 (it reads the scheduler's runtime context)
+    monkeypatch.setattr(allocation_sizing, "get_alloc_reserve_per_decode", lambda: RESERVE)
+    allocator = TokenToKVPoolAllocator(POOL, torch.float32, "cpu", None, need_sort=False)
+    scheduler = SimpleNamespace(
+        max_new_tokens_limit=None, max_req_len=POOL - 1, max_total_num_tokens=POOL,
+        kv_shard_widening=1, page_size=1, token_to_kv_pool_allocator=allocator,
+        sliding_window_size=None, chunked_prefill_size=POOL)
+
+    def run(input_len: int, max_new_tokens: int | None, min_new_tokens: int = 0) -> tuple[int, int]:
+        req = Req("r", "", [5] * input_len, SamplingParams(max_new_tokens=max_new_tokens,
+                                                          min_new_tokens=min_new_tokens))
+        scheduler_mod.Scheduler.init_req_max_new_tokens(scheduler, req)
+        stock = req.sampling_params.max_new_tokens
+        after_init_req_max_new_tokens(None, scheduler, req)
+        assert req.sampling_params.min_new_tokens <= req.sampling_params.max_new_tokens
+        return stock, req.sampling_params.max_new_tokens
+    return run
+
+
+def test_request_reaching_the_pool_keeps_the_speculative_reserve(scheduler_and_req):
+    # stock: 4096 - 4080 - 2 = 14 new tokens, enough for 1-token decode steps; a
+    # live EAGLE-3 server aborted this request with HTTP 500 after ~8 of them
+    assert scheduler_and_req(4080, 40) == (14, 14 - RESERVE)
+    assert scheduler_and_req(3000, 1200) == (1094, 1094 - RESERVE)
+    # an OpenAI client without max_tokens: SGLang fills the pool
+    assert scheduler_and_req(38, None) == (POOL - 38 - 2, POOL - 38 - 2 - RESERVE)
+    # the longest prompt SGLang accepts (4089) leaves no room for a speculative step
+    assert scheduler_and_req(4089, 16) == (5, 0)
+
+
+def test_requests_that_fit_are_left_alone(scheduler_and_req):
+    assert scheduler_and_req(4080, 6) == (6, 6)
+    assert scheduler_and_req(100, 500) == (500, 500)
+
+
+def test_min_new_tokens_follows_the_clip(scheduler_and_req):
+    assert scheduler_and_req(4080, 14, min_new_tokens=12) == (14, 6)
