@@ -196,6 +196,15 @@ def _resolve_sglang(f: Fields, arch: str | None, num_layers: int | None,
                      tuple(notes))
 
 
+def _input_of_layer_ids(f: Fields, ids: list[int]) -> Layout:
+    """Top-level eagle_aux_hidden_state_layer_ids as speculators and vLLM read them (id k =
+    input of layer k)."""
+    try:
+        return Layout.from_speculators_ids(ids)
+    except LayoutError as exc:
+        raise CheckpointError(f"{f.where}: eagle_aux_hidden_state_layer_ids: {exc}") from None
+
+
 def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
     ids = f.int_list("eagle_aux_hidden_state_layer_ids")
     if ids is None:
@@ -206,10 +215,7 @@ def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
                f"for a {L}-layer target, inputs of layers 2, L//2, L-3 = {layout}; right only "
                f"if the draft was trained with the default")
         return _Resolved(layout, "assumed-default", msg, (msg,))
-    try:
-        layout = Layout.from_speculators_ids(ids)
-    except LayoutError as exc:
-        raise CheckpointError(f"{f.where}: eagle_aux_hidden_state_layer_ids: {exc}") from None
+    layout = _input_of_layer_ids(f, ids)
     notes = []
     if ids != sorted(ids):
         notes.append(f"speculators ids {ids} are not ascending: vLLM concatenates in layer order,"
@@ -241,10 +247,7 @@ def _resolve_vllm(f: Fields, arch: str | None, num_layers: int | None,
                f"inputs of layers 2, L//2, L-3 = {layout}; right only if the draft was trained "
                f"with the default")
         return _Resolved(layout, "assumed-default", msg, (msg,))
-    try:
-        layout = Layout.from_vllm_ids(ids)
-    except LayoutError as exc:
-        raise CheckpointError(f"{f.where}: eagle_aux_hidden_state_layer_ids: {exc}") from None
+    layout = _input_of_layer_ids(f, ids)
     notes = []
     if nested is not None and nested != ids:
         notes.append(f"top-level ids {ids} (vLLM) and eagle_config ids {nested} (SGLang) are "
