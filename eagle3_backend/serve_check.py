@@ -223,13 +223,12 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
     should run); prompts: :class:`eagle3_backend.verify.datasets.Prompt` objects.
     """
     from eagle3_backend.verify.bench import fetch_server_info
-    from eagle3_backend.verify.datasets import render_prompt
+    from eagle3_backend.verify.datasets import encode_prompts
     from eagle3_backend.verify.engine import SpeculativeEngine, load_draft_model
     from eagle3_backend.verify.tree import SpecSettings
 
-    encoded = [(p.id, ids) for p in prompts
-               if 0 < len(ids := render_prompt(target.tokenizer, p, chat_template=chat_template))
-               <= max_prompt_tokens]
+    encoded, _ = encode_prompts(target.tokenizer, prompts, max_prompt_tokens=max_prompt_tokens,
+                                chat_template=chat_template)
     if len(encoded) < MIN_PROMPTS:
         raise Eagle3Error(f"{len(encoded)} of the {len(prompts)} prompts are 1 to max_prompt_tokens="
                           f"{max_prompt_tokens} tokens long after the chat template; comparing a "

@@ -241,7 +241,7 @@ def generate_sequences(target: Any, prompts: Sequence[Any], layout: Layout | str
     and run in a seeded random order, so a ``deadline`` that stops generation early keeps
     a fair sample.
     """
-    from eagle3_backend.verify.datasets import render_prompt
+    from eagle3_backend.verify.datasets import encode_prompts
 
     layout = Layout.parse(layout)
     layout.check_range(target.num_layers)
@@ -250,15 +250,8 @@ def generate_sequences(target: Any, prompts: Sequence[Any], layout: Layout | str
                           f"max_prompt_tokens ({max_prompt_tokens}) must all be >= 1.")
     if store_dtype not in _STORE_DTYPES:
         raise Eagle3Error(f"store_dtype {store_dtype!r} not in {sorted(_STORE_DTYPES)}.")
-    encoded, skipped = [], 0
-    for p in prompts:
-        if num_prompts is not None and len(encoded) >= num_prompts:
-            break
-        ids = render_prompt(target.tokenizer, p, chat_template=chat_template)
-        if not 0 < len(ids) <= max_prompt_tokens:
-            skipped += 1
-            continue
-        encoded.append((p.id, ids))
+    encoded, skipped = encode_prompts(target.tokenizer, prompts, max_prompt_tokens=max_prompt_tokens,
+                                      chat_template=chat_template, limit=num_prompts)
     if not encoded:
         raise Eagle3Error(
             f"all {len(prompts)} prompts are empty or longer than max_prompt_tokens="

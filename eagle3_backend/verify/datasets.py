@@ -49,7 +49,7 @@ import io
 import json
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ __all__ = [
     "read_mtbench",
     "read_prompt_file",
     "read_sharegpt",
+    "encode_prompts",
     "render_prompt",
     "sharegpt_path",
 ]
@@ -622,3 +623,21 @@ def render_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool = True) ->
         )
     text = tokenizer.apply_chat_template(prompt.as_chat(), add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, max_prompt_tokens: int,
+                   chat_template: bool = True, limit: int | None = None,
+                   ) -> tuple[list[tuple[str, list[int]]], int]:
+    """``([(prompt id, token ids)], skipped)``: the first ``limit`` prompts (all when None)
+    whose :func:`render_prompt` is 1 to ``max_prompt_tokens`` tokens long; ``skipped``
+    counts the empty or longer ones passed over on the way."""
+    encoded, skipped = [], 0
+    for p in prompts:
+        if limit is not None and len(encoded) >= limit:
+            break
+        ids = render_prompt(tokenizer, p, chat_template=chat_template)
+        if not 0 < len(ids) <= max_prompt_tokens:
+            skipped += 1
+            continue
+        encoded.append((p.id, ids))
+    return encoded, skipped
