@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3_backend.ops.triton.resources import find_cuobjdump, object_resources
+
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 CU_FILES = sorted(CSRC.glob("*.cu"))
@@ -32,19 +34,6 @@ def _nvcc() -> str:
     if nvcc is None:
         pytest.skip("nvcc not on PATH")
     return nvcc
-
-
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import triton
-
-        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        return str(bundled) if bundled.exists() else None
-    except ImportError:
-        return None
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +58,7 @@ def compiled_objects(tmp_path_factory) -> dict[str, Path]:
 def test_every_cu_file_compiles_for_sm90_and_sm120(compiled_objects):
     assert {p.name for p in CU_FILES} >= {"gather_concat.cu", "verify_tree_greedy.cu"}
     assert set(compiled_objects) == {p.name for p in CU_FILES}
-    cuobjdump = _cuobjdump()
+    cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         return
     for name, obj in compiled_objects.items():
@@ -80,7 +69,7 @@ def test_every_cu_file_compiles_for_sm90_and_sm120(compiled_objects):
 
 def test_gather_kernel_uses_16_byte_accesses(compiled_objects):
     """The bf16 -> bf16 vector kernel moves data with 128-bit loads and stores."""
-    cuobjdump = _cuobjdump()
+    cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump not available")
     sass = subprocess.run(
@@ -91,6 +80,20 @@ def test_gather_kernel_uses_16_byte_accesses(compiled_objects):
     vector = [f for f in functions if re.match(r"\S*gather_concat_kernelI13__nv_bfloat16S\d_Li8E", f)]
     assert len(vector) == 1, "bf16 -> bf16 vector kernel not found in sm_120 SASS"
     assert "LDG.E.128" in vector[0] and "STG.E.128" in vector[0]
+
+
+def test_cuda_kernels_do_not_spill(compiled_objects):
+    """Every kernel instantiation, on both architectures, keeps its state in
+    registers: no stack frame, no local memory."""
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not available")
+    for name, obj in compiled_objects.items():
+        per_arch = object_resources(obj)
+        assert set(per_arch) == {f"sm_{a}" for a in ARCHS}, f"{name}: {sorted(per_arch)}"
+        for arch, functions in per_arch.items():
+            assert functions, f"{name}: no functions listed for {arch}"
+            spilled = [f for f in functions if f.spills]
+            assert not spilled, f"{name} spills on {arch}: {spilled}"
 
 
 _LOAD_CHECK = textwrap.dedent(

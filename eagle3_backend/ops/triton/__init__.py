@@ -2,6 +2,7 @@
 
 One module per op: ``gather_concat`` (gather + concat, capture_into),
 ``verify_tree`` (greedy tree verification), ``fused_fc`` (the draft fc
-GEMM reading the K sources directly, experimental); ``smem`` measures a config's
-shared memory for sm_120 without a GPU.
+GEMM reading the K sources directly, experimental); ``resources`` compiles a
+config for sm_120 / sm_90 without a GPU and reads its shared memory, registers
+and spills.
 """

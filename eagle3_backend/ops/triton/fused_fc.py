@@ -15,8 +15,9 @@ Summation order differs from cuBLAS, so results agree with
 
 Programs are ordered in groups of GROUP_M row tiles per weight column tile
 (the usual L2 swizzle); one launch covers up to 8 sources. Every config in
-CONFIGS is compiled for sm_120 by tests/ops/test_triton_smem.py and held to
-its 101,376-byte shared-memory limit (the pipelined A and W tiles dominate).
+CONFIGS is compiled for sm_120 and sm_90 by tests/ops/test_triton_resources.py
+and held to sm_120's 101,376-byte shared-memory limit (the pipelined A and W
+tiles dominate) and to no register spills.
 
 Under the interpreter (CPU tensors, EXACT_BF16) bf16 and fp16 tiles are
 widened to fp32 before tl.dot (the interpreter's bf16 dot is wrong) and the
@@ -27,6 +28,7 @@ gather_concat.py.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,11 +58,16 @@ class FcConfig:
 
 
 # Decode (few rows, weight-bandwidth bound: narrow column tiles for more
-# programs), mid-size, and prefill (compute bound: large square tiles).
+# programs), mid-size, and prefill (compute bound: large square tiles). sm_120
+# has no wgmma: a tile's fp32 accumulators sit in its threads' registers, and
+# 128x128x64 in 3 stages needed 248 of the 255 registers a thread may have at
+# K=3 and spilled at K=8 (triton 3.8); 128x128x32 in 4 stages needs ~150-170
+# and the same 48 KB of shared memory. tests/ops/test_triton_resources.py
+# holds every config to no spills and sm_120's shared memory.
 CONFIGS = (
     FcConfig(16, 64, 128, num_warps=4, num_stages=4),
     FcConfig(64, 64, 64, num_warps=4, num_stages=4),
-    FcConfig(128, 128, 64, num_warps=8, num_stages=3),
+    FcConfig(128, 128, 32, num_warps=8, num_stages=4),
 )
 
 
@@ -228,15 +235,17 @@ def fused_fc(
 
 def launch_variants():
     """(name, body, arg_types, constexprs, config) of every config, at bf16 with
-    all 8 source slots, a bias and an index; compiled for sm_120 by
-    tests/ops/test_triton_smem.py and held to its shared-memory limit."""
+    a bias and an index, for 3 sources (the usual EAGLE-3 draft) and for all 8
+    slots (the most registers); tests/ops/test_triton_resources.py compiles
+    each for sm_120 and sm_90 and holds it to the shared-memory limit and to
+    no register spills."""
     types = {"out_ptr": "*bf16", "out_row_stride": "i64", "index_ptr": "*i64", "weight_ptr": "*bf16",
              "weight_row_stride": "i64", "bias_ptr": "*bf16", "num_rows": "i32", "hidden": "i32",
              "out_features": "i32"}
     types |= {f"src{i}": "*bf16" for i in range(MAX_SOURCES)}
     types |= {f"stride{i}": "i64" for i in range(MAX_SOURCES)}
-    for config in CONFIGS:
-        consts = {"NUM_SOURCES": MAX_SOURCES, "HAS_INDEX": True, "HAS_BIAS": True, "BLOCK_M": config.block_m,
+    for config, num_sources in itertools.product(CONFIGS, (3, MAX_SOURCES)):
+        consts = {"NUM_SOURCES": num_sources, "HAS_INDEX": True, "HAS_BIAS": True, "BLOCK_M": config.block_m,
                   "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
                   "IN_BF16": True, "EXACT_BF16": False}
         yield "fused_fc", _fused_fc_kernel, types, consts, config

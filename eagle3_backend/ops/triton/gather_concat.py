@@ -4,8 +4,9 @@ One launch covers up to 8 sources (more are split into launches that write
 disjoint column ranges of ``out``). Program (n, j) copies columns
 [j*BLOCK_H, (j+1)*BLOCK_H) of output row n from every source. The kernels use
 no shared memory beyond what Triton's layout conversions need; every config
-in CONFIGS is compiled for sm_120 by tests/ops/test_triton_smem.py and held
-to its 101,376-byte limit.
+in CONFIGS is compiled for sm_120 and sm_90 by tests/ops/test_triton_resources.py
+and held to sm_120's 101,376-byte limit, 16-byte global accesses and no
+register spills.
 
 The kernel bodies are plain functions, wrapped on first use: a JITFunction
 for CUDA tensors, an InterpretedFunction for CPU tensors (dispatch sends CPU
@@ -258,8 +259,9 @@ def capture_into(
 def launch_variants():
     """(name, body, arg_types, constexprs, config) of every compiled variant the
     launchers above can produce, at the worst case for shared memory (bf16 in,
-    float32 out, all 8 source slots). tests/ops/test_triton_smem.py compiles
-    each for sm_120 and holds it to the 101,376-byte limit."""
+    float32 out, all 8 source slots). tests/ops/test_triton_resources.py compiles
+    each for sm_120 and sm_90 and holds it to the 101,376-byte limit and to no
+    register spills."""
     gather_types = {"out_ptr": "*fp32", "out_row_stride": "i64", "index_ptr": "*i64", "hidden": "i32"}
     gather_types |= {f"src{i}": "*bf16" for i in range(MAX_SOURCES)}
     gather_types |= {f"stride{i}": "i64" for i in range(MAX_SOURCES)}
