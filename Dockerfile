@@ -28,10 +28,12 @@ COPY csrc ./csrc
 COPY eagle3_backend ./eagle3_backend
 
 # --no-build-isolation: build _C against the image's torch; --no-deps: keep the
-# image's sglang / torch / flashinfer exactly as SGLang pinned them.
+# image's sglang / torch / flashinfer exactly as SGLang pinned them. setuptools >= 77
+# reads pyproject.toml's SPDX license string (setup.py stops older ones with this fix).
 # The checks need no GPU: the extension must hold sm_120 code, and the plugin's
 # entry point must be visible to SGLang's loader.
-RUN python3 -m pip install --no-cache-dir --no-build-isolation --no-deps . \
+RUN python3 -m pip install --no-cache-dir 'setuptools>=77' \
+ && python3 -m pip install --no-cache-dir --no-build-isolation --no-deps . \
  && so="$(python3 -c "import importlib.util as u; print(u.find_spec('eagle3_backend._C').origin)")" \
  && cuobjdump --list-elf "$so" | grep -q "sm_120" \
  && python3 -c "from importlib.metadata import entry_points as ep; \

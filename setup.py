@@ -132,5 +132,29 @@ def extension_kwargs() -> dict:
     return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
 
 
+MIN_SETUPTOOLS = (77, 0)  # pyproject.toml's `license = "Apache-2.0"` (an SPDX string, PEP 639)
+
+
+def check_setuptools(version: str) -> None:
+    """Stop with the fix when the running setuptools cannot read pyproject.toml.
+
+    ``pip install --no-build-isolation .`` (the CUDA build) uses the
+    environment's setuptools, not the one pyproject.toml asks for; older ones
+    stop on the license field with a schema dump that does not say what to do.
+    """
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    found = (int(parts.group(1)), int(parts.group(2))) if parts else (0, 0)
+    if found < MIN_SETUPTOOLS:
+        need = ".".join(map(str, MIN_SETUPTOOLS))
+        raise SystemExit(
+            f"eagle3_backend: setuptools {version} is too old to build this package (needs >= {need}); "
+            f"run `python -m pip install 'setuptools>={need}'` first, or install without "
+            "--no-build-isolation (the install is then pure Python, without the CUDA extension)."
+        )
+
+
 if __name__ == "__main__":  # also true when setuptools' build backend runs this file
+    import setuptools
+
+    check_setuptools(setuptools.__version__)
     setup(**extension_kwargs())

@@ -161,6 +161,21 @@ def _setup_module():
     return module
 
 
+@pytest.mark.parametrize("version", ["77.0.0", "77.0.3", "80.9.0", "84.2.1", "100.0"])
+def test_setup_py_accepts_setuptools_that_reads_the_spdx_license(version):
+    _setup_module().check_setuptools(version)
+
+
+@pytest.mark.parametrize("version", ["65.5.0", "68.2.2", "76.1.0", "unknown"])
+def test_setup_py_names_the_fix_for_an_old_setuptools(version):
+    """`pip install --no-build-isolation .` runs the environment's setuptools;
+    before 77 it cannot read `license = "Apache-2.0"` and dumps a schema."""
+    with pytest.raises(SystemExit) as exc:
+        _setup_module().check_setuptools(version)
+    assert str(exc.value).startswith(f"eagle3_backend: setuptools {version} is too old to build this package "
+                                     "(needs >= 77.0); run `python -m pip install 'setuptools>=77.0'` first")
+
+
 def test_setup_py_without_cuda_is_pure_python(monkeypatch):
     module = _setup_module()
     monkeypatch.setenv("EAGLE3_SKIP_CUDA_BUILD", "1")
