@@ -100,13 +100,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from eagle3_backend.checkpoint import load_draft, save_sglang, save_speculators
 
+    from eagle3_backend.checkpoint.files import check_destination
+
     target = _target(args.target)
+    # before reading the weights: a DST that is (or holds) SRC would lose it
+    check_destination(args.dst, args.force, (args.src, args.target))
     loaded = load_draft(args.src, target=target, allow_pickle=args.allow_pickle,
                         ids_as=args.ids_as)
     if args.layout:
         loaded = _relabel_layout(loaded, args.layout)
     save = save_sglang if args.to == "sglang" else save_speculators
-    out = save(loaded, args.dst, target=target, force=args.force)
+    out = save(loaded, args.dst, target=target, force=args.force, sources=(args.src,))
     print(f"wrote {out} ({args.to} format, {loaded.dtype}, layout {loaded.layout}, "
           f"from {loaded.format} {loaded.path}; layout {loaded.layout_source})")
     for w in loaded.warnings:

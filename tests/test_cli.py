@@ -120,6 +120,83 @@ def test_convert_needs_target_when_not_recorded(make_draft_checkpoint, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under root (relative) -> file bytes (None for a directory)."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def test_convert_never_writes_over_its_input(make_draft_checkpoint, tmp_path, capsys):
+    """DST = SRC, DST holding SRC, DST a link to SRC: refused with or without --force, and
+    the source (with the user's own files next to it) is left byte for byte."""
+    work = tmp_path / "work"
+    src = make_draft_checkpoint("sglang", name="work/src")
+    (src / "train_report.json").write_text("{}")
+    (work / "mine.txt").write_text("precious")
+    (work / "link").symlink_to(src)
+    before = _snapshot(tmp_path)
+    for dst, word in ((src, "is"), (work, "holds"), (work / "link", "is")):
+        for force in ((), ("--force",)):
+            code, out, err = run(capsys, "convert", src, dst, "--to", "sglang", *force)
+            assert (code, out) == (2, ""), (dst, force, err)
+            assert err == (f"eagle3 convert: error: destination {str(dst)!r} {word} the input "
+                           f"{str(src)!r}; writing there would destroy it. Choose a new output "
+                           f"directory outside the input.\n")
+    assert _snapshot(tmp_path) == before
+
+
+def test_convert_force_keeps_a_directory_of_other_files(make_draft_checkpoint, tmp_path, capsys):
+    src = make_draft_checkpoint("sglang")
+    dst = tmp_path / "results"
+    (dst / "plots").mkdir(parents=True)
+    (dst / "config.json").write_text("{}")
+    (dst / "eval.json").write_text("{}")
+    before = _snapshot(dst)
+    code, out, err = run(capsys, "convert", src, dst, "--to", "sglang", "--force")
+    assert (code, out) == (2, "")
+    assert err == (f"eagle3 convert: error: destination {str(dst)!r} holds eval.json, plots, "
+                   f"which are not draft checkpoint files; --force replaces only a checkpoint "
+                   f"directory (config.json, *.safetensors, train_report.json). Move those away "
+                   f"or choose a new directory.\n")
+    assert _snapshot(dst) == before
+    (dst / "eval.json").unlink()
+    (dst / "plots").rmdir()
+    assert run(capsys, "convert", src, dst, "--to", "sglang", "--force")[0] == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_convert_on_a_full_disk_keeps_everything(make_draft_checkpoint, tmp_path):
+    """A real write failure (file size limit, as a full disk: EFBIG instead of ENOSPC) is
+    a one-line error, exit 2, with DST unchanged and no temporary directory left."""
+    import resource
+    import signal
+
+    src = make_draft_checkpoint("sglang", hidden_size=256, target_hidden_size=256)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "config.json").write_text("old")
+    (dst / "model.safetensors").write_text("old weights")
+
+    def limit() -> None:  # in the child: writes past 64 KiB fail instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run([sys.executable, "-m", "eagle3_backend", "convert", str(src), str(dst),
+                          "--to", "sglang", "--force"], capture_output=True, text=True, env=env,
+                         timeout=300, preexec_fn=limit)
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+    assert res.stderr.startswith(f"eagle3 convert: error: writing {dst} failed (")
+    assert "File too large" in res.stderr
+    assert res.stderr.endswith(f"nothing was written and what was at {dst} is unchanged. Free "
+                               f"space or fix permissions in {tmp_path}, or choose another "
+                               f"output directory.\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", src.name]
+    assert [(dst / n).read_text() for n in ("config.json", "model.safetensors")] == [
+        "old", "old weights"]
+
+
 # --------------------------------------------------------------------------- validate
 def test_validate_correct_draft_against_bundled_gguf(make_draft_checkpoint, bundled_gguf, capsys):
     ckpt = make_draft_checkpoint("sglang", **SMOL)

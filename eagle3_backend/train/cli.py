@@ -103,10 +103,12 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- pieces
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise Eagle3Error(f"--out {out} exists and is not an empty directory; expected a new or "
-                          "empty directory. Pass --force to replace it.")
+def _check_out(out: Path, force: bool, sources: list[Any]) -> None:
+    """Refuse --out before any work when the checkpoint could not be written there at the
+    end (not empty without --force, other files in it, the target or data cache in it)."""
+    from eagle3_backend.checkpoint.files import check_destination
+
+    check_destination(out, force, sources)
 
 
 def _mtbench_texts() -> set[str]:
@@ -264,10 +266,10 @@ def run_train(args: argparse.Namespace) -> int:
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)
     out = Path(args.out)
-    _check_out(out, args.force)
     progress = not args.no_progress
     target_path = (bundled_target_path() if args.target in (None, "bundled")
                    else Path(args.target))
+    _check_out(out, args.force, [target_path, args.cache_data])
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,
@@ -297,7 +299,7 @@ def run_train(args: argparse.Namespace) -> int:
         target_architecture=target_info.architecture,
         target_num_layers=target_info.num_hidden_layers,
     )
-    save_sglang(loaded, out, target=target_info, force=args.force)
+    save_sglang(loaded, out, target=target_info, force=args.force, sources=[args.cache_data])
     # the report's held-out numbers are those of the weights as written (dtype cast)
     written = load_draft(out, target=target_info, strict=True)
     from eagle3_backend.model import Eagle3DraftModel
