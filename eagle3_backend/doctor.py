@@ -351,10 +351,23 @@ def run_doctor(args: Any) -> int:
         raise Eagle3Error("--serve-only needs --url URL: the live server to check.")
     if not args.timeout > 0:
         raise Eagle3Error(f"--timeout must be > 0 seconds, got {args.timeout}.")
+    if args.plot:
+        from eagle3_backend.verify.report import check_plot_path
+
+        check_plot_path(args.plot)  # before the run, not after it
+    if args.url:  # before the offline run: a wrong --url is found in a second, not after it
+        from eagle3_backend.verify.bench import check_reachable
+
+        check_reachable(args.url, "--url", min(10.0, args.timeout))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.target, dtype=args.dtype, device=device)
+    from eagle3_backend.checkpoint import load_draft
+    from eagle3_backend.target import TargetInfo
+
+    # a wrong DRAFT (a target dir, a mismatched checkpoint) is reported now, not after the run
+    load_draft(args.draft, target=TargetInfo.from_path(target.path))
     prompts = load_prompts(args.dataset, limit=args.limit)
     run = {"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
            "chat_template": not args.no_chat_template}
@@ -372,8 +385,6 @@ def run_doctor(args: Any) -> int:
                              max_new_tokens=args.max_new_tokens,
                              chat_template=not args.no_chat_template, timeout_s=args.timeout,
                              progress=not args.no_progress)
-    if args.plot:
-        plot_scores(report, args.plot, serve)
     if args.json:
         out = report.as_dict() if report is not None else {"draft": str(args.draft),
                                                              "target": str(target.path), **run}
@@ -386,6 +397,8 @@ def run_doctor(args: Any) -> int:
         parts = ([format_report(report)] if report is not None else []) + (
             [format_serve_report(serve)] if serve is not None else [])
         print("\n\n".join(parts))
+    if args.plot:  # after the report is printed: a failure here loses nothing
+        plot_scores(report, args.plot, serve)
     verdicts = [r.verdict for r in (report, serve) if r is not None]
     return 0 if all(v == OK for v in verdicts) else 1
 

@@ -109,6 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
                             args.speculative_num_draft_tokens)
     if args.max_new_tokens < 1:
         raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = parse_dtype(args.dtype)
@@ -121,8 +122,8 @@ def run_eval(args: argparse.Namespace) -> int:
     result["draft"] = str(args.draft)
     result["dataset"] = args.dataset
     result["device"] = str(device)
-    if args.output_dir or args.name:
-        result["files"] = _write_eval_files(args, settings, result)
+    if files_at is not None:
+        result["files"] = _write_eval_files(args, settings, result, *files_at)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -130,19 +131,26 @@ def run_eval(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if result["outputs_identical"] is False and args.dtype == "float32" else EXIT_OK
 
 
-def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str, Any]) -> list[str]:
+def _eval_files_at(args: argparse.Namespace, settings: Any) -> tuple[str, Path]:
+    """(results name, directory), checked writable before the run."""
+    from eagle3_backend.verify.report import check_output_dir
+
+    s = settings.to_dict()
+    name = args.name or _default_name(
+        "eval", args.dataset, f"s{s['speculative_num_steps']}k{s['speculative_eagle_topk']}"
+                              f"n{s['speculative_num_draft_tokens']}-{args.dtype}")
+    return name, check_output_dir(name, args.output_dir)
+
+
+def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str, Any],
+                      name: str, out: Path) -> list[str]:
     from eagle3_backend.verify.report import (
-        DEFAULT_RESULTS_DIR,
         plot_acceptance_histogram,
         plot_spec_vs_baseline,
         write_results,
     )
 
     s = settings.to_dict()
-    name = args.name or _default_name(
-        "eval", args.dataset, f"s{s['speculative_num_steps']}k{s['speculative_eagle_topk']}"
-                              f"n{s['speculative_num_draft_tokens']}-{args.dtype}")
-    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
     run_settings = s | {k: getattr(args, k) for k in (
         "draft", "dataset", "limit", "max_new_tokens", "temperature", "dtype", "seed")}
     run_settings["target"] = result["target"]
@@ -239,19 +247,23 @@ def _bench_prompts(args: argparse.Namespace, prompts: list[Any]) -> list[Any]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from eagle3_backend.verify.bench import BenchSettings, run_benchmark
+    from eagle3_backend.verify.bench import BenchSettings, check_reachable, run_benchmark
     from eagle3_backend.verify.datasets import load_prompts
 
     levels = _parse_levels(args.concurrency)
     settings = BenchSettings(api=args.api, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, timeout_s=args.timeout,
                              model=args.model, ignore_eos=args.ignore_eos)
+    files_at = _bench_files_at(args) if args.output_dir or args.name else None
     prompts = _bench_prompts(args, load_prompts(args.dataset, args.limit))
+    check_reachable(args.url, "--url", min(10.0, args.timeout))
+    if args.baseline_url:
+        check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
                            warmup=args.warmup, progress=not args.no_progress)
     result["dataset"] = args.dataset
-    if args.output_dir or args.name:
-        result["files"] = _write_bench_files(args, result)
+    if files_at is not None:
+        result["files"] = _write_bench_files(args, result, *files_at)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2))
     else:
@@ -259,17 +271,23 @@ def run_bench(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if result["errors"] else EXIT_OK
 
 
-def _write_bench_files(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
+def _bench_files_at(args: argparse.Namespace) -> tuple[str, Path]:
+    """(results name, directory), checked writable before the run."""
+    from eagle3_backend.verify.report import check_output_dir
+
+    name = args.name or _default_name("bench", args.dataset, f"{args.api}-c{args.concurrency.replace(',', '-')}")
+    return name, check_output_dir(name, args.output_dir)
+
+
+def _write_bench_files(args: argparse.Namespace, result: dict[str, Any], name: str,
+                       out: Path) -> list[str]:
     from eagle3_backend.verify.report import (
-        DEFAULT_RESULTS_DIR,
         plot_acceptance_histogram,
         plot_spec_vs_baseline,
         plot_tokens_per_s_vs_concurrency,
         write_results,
     )
 
-    name = args.name or _default_name("bench", args.dataset, f"{args.api}-c{args.concurrency.replace(',', '-')}")
-    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
     files = [str(write_results(name, result, result["settings"] | {"url": args.url,
                                                                     "baseline_url": args.baseline_url,
                                                                     "dataset": args.dataset}, out))]

@@ -93,6 +93,27 @@ class Target:
         return frozenset(ids)
 
 
+def _refuse_draft(model_dir: Path) -> None:
+    """A draft checkpoint given as the target: say so instead of transformers' tokenizer error."""
+    import json
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no readable config.json: transformers' own error names it
+    if not isinstance(raw, dict):
+        return
+    archs = raw.get("architectures")
+    names = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    if (any("eagle" in a.lower() or "speculator" in a.lower() for a in names)
+            or "draft_vocab_size" in raw or "speculators_model_type" in raw):
+        raise TargetError(
+            f"target {str(model_dir)!r} is an EAGLE-3 draft checkpoint (architectures "
+            f"{archs!r}), not a target model. Pass the target (HF model dir or .gguf) as the "
+            "target and the draft as the draft."
+        )
+
+
 def load_target(
     path: "str | Path | None" = None,
     dtype: "str | torch.dtype" = "float32",
@@ -131,6 +152,8 @@ def load_target(
                 )
             kwargs["gguf_file"] = ggufs[0].name
         model_dir = str(p)
+    if p.is_dir():
+        _refuse_draft(p)
     logger.info("loading target %s (%s) on %s", p, torch_dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)

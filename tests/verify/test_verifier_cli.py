@@ -108,3 +108,87 @@ def test_bench_cli_failures_exit_1_and_are_listed(capsys, tmp_path, serve, promp
     assert "0/2" in captured.out
     assert captured.err.count("HTTP 500") == 2
     assert main(["bench", "--url", srv.url, "--dataset", str(prompts_file), "--concurrency", "0"]) == 2
+
+
+# --------------------------------------------------------------------------- bad input, before the run
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_unwritable_results_place_is_refused_before_the_run(capsys, tmp_path, prompts_file):
+    """--output-dir / --name / doctor --plot are checked first: the draft given here does not
+    even exist, and the error is about the output, so nothing ran (and nothing is lost)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    absent = tmp_path / "no-draft"
+    cases = [
+        (["eval", "--draft", absent, "--output-dir", blocker],
+         f"eagle3 eval: error: --output-dir {blocker}: {blocker} is a file; expected a directory. "
+         "Choose another --output-dir.\n"),
+        (["eval", "--draft", absent, "--output-dir", blocker / "sub"],
+         f"eagle3 eval: error: --output-dir {blocker / 'sub'}: cannot write there (Not a "
+         "directory); checked before the run so its results are not lost at the end. Choose a "
+         "writable --output-dir.\n"),
+        (["eval", "--draft", absent, "--name", "my run"],
+         "eagle3 eval: error: results name 'my run' must be letters, digits, '.', '_' or '-' (a "
+         "file stem), e.g. 'eval-smollm2-chain3'.\n"),
+        (["bench", "--url", "http://127.0.0.1:1", "--dataset", prompts_file, "--output-dir",
+          blocker], f"eagle3 bench: error: --output-dir {blocker}: {blocker} is a file; "
+                    "expected a directory. Choose another --output-dir.\n"),
+        (["doctor", absent, "--plot", tmp_path / "scores.json"],
+         f"eagle3 doctor: error: --plot {tmp_path / 'scores.json'}: 'json' file format; expected "
+         "one of "),
+        (["doctor", absent, "--plot", tmp_path],
+         f"eagle3 doctor: error: --plot {tmp_path}: no file format; expected one of "),
+        (["doctor", absent, "--plot", blocker / "s.png"],
+         f"eagle3 doctor: error: --plot directory {blocker}: {blocker} is a file; expected a "
+         "directory. Choose another --plot directory.\n"),
+    ]
+    for argv, message in cases:
+        assert main([*map(str, argv), "--no-progress"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(message) and err.count("\n") == 1, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "prompts.jsonl"]
+
+
+def test_bench_and_doctor_refuse_a_url_without_a_server(capsys, tmp_path, prompts_file, serve):
+    dead = _closed_port_url()
+    start = (f"--url {dead}: cannot connect ([Errno 111] Connection refused); no server answers "
+             "there. Start the SGLang server (python -m sglang.launch_server ... --port N) or fix "
+             "--url.\n")
+    assert main(["bench", "--url", dead, "--dataset", str(prompts_file), "--api", "openai",
+                 "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"eagle3 bench: error: {start}")
+    live = serve()
+    assert main(["bench", "--url", live.url, "--baseline-url", dead, "--dataset",
+                 str(prompts_file), "--api", "openai", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("eagle3 bench: error: " + start.replace("--url", "--baseline-url"))
+    assert live.bodies == []            # not one prompt was sent
+    assert main(["bench", "--url", "127.0.0.1:30000", "--dataset", str(prompts_file),
+                 "--api", "openai"]) == 2
+    assert capsys.readouterr().err == (
+        "eagle3 bench: error: --url '127.0.0.1:30000' has no http:// or https:// scheme and host; "
+        "expected e.g. http://127.0.0.1:30000. Pass --url http://127.0.0.1:30000.\n")
+    # doctor: refused before the target is loaded (the draft path does not even exist)
+    assert main(["doctor", str(tmp_path / "no-draft"), "--url", dead, "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"eagle3 doctor: error: {start}"
+
+
+def test_a_draft_given_as_the_target_is_named(capsys, tiny_target_dir, demo_draft, prompts_file):
+    for argv in (["eval", "--draft", demo_draft, "--target", demo_draft, "--dataset", prompts_file],
+                 ["doctor", demo_draft, "--target", demo_draft, "--dataset", prompts_file]):
+        assert main([*map(str, argv), "--no-progress"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"eagle3 {argv[0]}: error: target {str(demo_draft)!r} is an EAGLE-3 draft checkpoint "
+            "(architectures ['LlamaForCausalLMEagle3']), not a target model. Pass the target (HF "
+            "model dir or .gguf) as the target and the draft as the draft.\n")
+    # a target given as the draft: named before the long offline run
+    assert main(["doctor", str(tiny_target_dir), "--target", str(tiny_target_dir), "--dataset",
+                 str(prompts_file), "--no-progress"]) == 2
+    assert "is not an EAGLE-3 draft" in capsys.readouterr().err
