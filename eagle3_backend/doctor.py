@@ -333,6 +333,10 @@ def add_doctor_parser(subparsers: Any) -> Any:
                    help="seconds each request to --url may take (default 300)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("--plot", metavar="PNG", default=None, help="also draw the scores as a bar chart")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
+                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_doctor)
     return p
@@ -362,7 +366,8 @@ def run_doctor(args: Any) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    target = load_target(args.target, dtype=args.dtype, device=device)
+    target = load_target(args.target, dtype=args.dtype, device=device,
+                         allow_pickle=args.allow_pickle)
     from eagle3_backend.checkpoint import load_draft
     from eagle3_backend.target import TargetInfo
 

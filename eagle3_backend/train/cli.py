@@ -97,6 +97,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: safest on a shared machine)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_train)
     return p
@@ -163,7 +166,7 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
     from eagle3_backend.verify.targets import load_target
 
     t0 = time.perf_counter()
-    target = load_target(target_path, "float32", "cpu")
+    target = load_target(target_path, "float32", "cpu", allow_pickle=args.allow_pickle)
     load_s = time.perf_counter() - t0
     prompts, excluded = _prompts(args.dataset, args.seed)
     data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,

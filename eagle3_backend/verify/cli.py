@@ -80,6 +80,10 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
+                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode the raw user text (default: the target tokenizer's chat template)")
     _output_args(p, "eval")
@@ -113,7 +117,7 @@ def run_eval(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.dataset, args.limit)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype, device)
+    target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle)
     draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
     result = evaluate(target, draft, prompts, settings, args.max_new_tokens, args.temperature,
                       args.seed, baseline=not args.no_baseline,

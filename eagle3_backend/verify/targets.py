@@ -19,6 +19,7 @@ order): ``[B, T, K*H]``.
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,26 @@ class Target:
         return frozenset(ids)
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
+    """from_pretrained kwargs that keep transformers off pickle weights unless allowed."""
+    if any(model_dir.glob("*.safetensors")):
+        return {"use_safetensors": True}
+    pickles = sorted(f.name for f in model_dir.iterdir()
+                     if f.is_file() and f.suffix in PICKLE_SUFFIXES and f.name != "training_args.bin")
+    if pickles and not allow_pickle:
+        raise TargetError(
+            f"target {str(model_dir)!r} has its weights only in pickle file(s) "
+            f"{', '.join(pickles)}, which can run arbitrary code when loaded, so they are "
+            "refused; expected model.safetensors. If you trust them, pass --allow-pickle (read "
+            "with torch.load(weights_only=True)), or re-save the model with "
+            "save_pretrained(..., safe_serialization=True)."
+        )
+    return {}
+
+
 def _refuse_draft(model_dir: Path) -> None:
     """A draft checkpoint given as the target: say so instead of transformers' tokenizer error."""
     import json
@@ -118,10 +139,14 @@ def load_target(
     path: "str | Path | None" = None,
     dtype: "str | torch.dtype" = "float32",
     device: "str | torch.device" = "cpu",
+    allow_pickle: bool = False,
 ) -> Target:
     """Load a transformers causal LM from a model dir or a ``.gguf`` file.
 
-    ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF.
+    ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF. A model
+    dir is read from its safetensors only; one whose weights are pickle files
+    (``pytorch_model.bin``, ``.pt``) is refused unless ``allow_pickle`` (then transformers
+    reads them with ``torch.load(weights_only=True)``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,6 +179,8 @@ def load_target(
         model_dir = str(p)
     if p.is_dir():
         _refuse_draft(p)
+        if "gguf_file" not in kwargs:
+            kwargs.update(_weights_kwargs(p, allow_pickle))
     logger.info("loading target %s (%s) on %s", p, torch_dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
@@ -163,6 +190,13 @@ def load_target(
             f"transformers could not load target {str(p)!r}: {exc}. Expected a causal LM "
             "model dir or GGUF file that transformers supports."
         ) from exc
+    except pickle.UnpicklingError as exc:  # --allow-pickle, but not a plain state dict
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TargetError(
+            f"target {str(p)!r}: its pickle weights do not load with torch.load("
+            f"weights_only=True) ({first}); expected plain tensors. Re-save the model with "
+            "save_pretrained(..., safe_serialization=True) where it was made."
+        ) from None
     model.to(device).eval()
     if torch.device(device).type == "cpu" and torch_dtype == torch.float32:
         from eagle3_backend.cpu.small_gemm import few_row_linears
