@@ -346,7 +346,7 @@ def run_doctor(args: Any) -> int:
     import json
 
     from eagle3_backend.verify.datasets import load_prompts
-    from eagle3_backend.verify.targets import load_target
+    from eagle3_backend.verify.targets import load_target, resolve_device, set_threads
 
     if args.limit < 1 or args.max_new_tokens < 1:
         raise Eagle3Error(f"--limit ({args.limit}) and --max-new-tokens ({args.max_new_tokens}) "
@@ -363,9 +363,8 @@ def run_doctor(args: Any) -> int:
         from eagle3_backend.verify.bench import check_reachable
 
         check_reachable(args.url, "--url", min(10.0, args.timeout))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    set_threads(args.threads)
+    device = resolve_device(args.device)
     target = load_target(args.target, dtype=args.dtype, device=device,
                          allow_pickle=args.allow_pickle)
     from eagle3_backend.checkpoint import load_draft

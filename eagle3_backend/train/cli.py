@@ -258,7 +258,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
-                 "vocab_prompts"):
+                 "vocab_prompts", "draft_vocab"):
         if getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.minutes is not None and not args.minutes > 0:

@@ -99,23 +99,22 @@ def _default_name(kind: str, dataset: str, extra: str) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import torch
-
     from eagle3_backend.verify.datasets import load_prompts
     from eagle3_backend.verify.engine import load_draft_model
     from eagle3_backend.verify.evaluate import evaluate
-    from eagle3_backend.verify.targets import load_target, parse_dtype
+    from eagle3_backend.verify.targets import load_target, parse_dtype, resolve_device, set_threads
     from eagle3_backend.verify.tree import SpecSettings
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if not args.temperature >= 0:
+        raise Eagle3Error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}.")
+    set_threads(args.threads)
+    device = resolve_device(args.device)
     settings = SpecSettings(args.speculative_num_steps, args.speculative_eagle_topk,
                             args.speculative_num_draft_tokens)
     if args.max_new_tokens < 1:
         raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
     files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle)
     draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
@@ -255,6 +254,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from eagle3_backend.verify.datasets import load_prompts
 
     levels = _parse_levels(args.concurrency)
+    if args.warmup < 0:
+        raise Eagle3Error(f"--warmup must be >= 0 requests, got {args.warmup}.")
     settings = BenchSettings(api=args.api, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, timeout_s=args.timeout,
                              model=args.model, ignore_eos=args.ignore_eos)

@@ -94,6 +94,36 @@ class Target:
         return frozenset(ids)
 
 
+def resolve_device(device: str | None) -> str:
+    """The torch device for ``--device`` (default: cuda if available, else cpu), refused in
+    one line when it is not a device name or names a GPU this machine does not have."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise TargetError(f"--device {device!r} is not a torch device; expected cpu, cuda or "
+                          "cuda:N.") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise TargetError(f"--device {device}: no CUDA device is visible here (torch CUDA "
+                              f"build: {torch.version.cuda or 'none'}). Use --device cpu.")
+        if d.index is not None and d.index >= n:
+            raise TargetError(f"--device {device}: this machine has {n} CUDA device(s), "
+                              f"cuda:0 .. cuda:{n - 1}. Pick one of those.")
+    return device
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: torch CPU threads (None keeps torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise TargetError(f"--threads must be >= 1, got {threads}.")
+    torch.set_num_threads(threads)
+
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 

@@ -192,3 +192,37 @@ def test_a_draft_given_as_the_target_is_named(capsys, tiny_target_dir, demo_draf
     assert main(["doctor", str(tiny_target_dir), "--target", str(tiny_target_dir), "--dataset",
                  str(prompts_file), "--no-progress"]) == 2
     assert "is not an EAGLE-3 draft" in capsys.readouterr().err
+
+
+def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_file):
+    """Wrong numbers and devices a user may type: exit 2 and one line naming the flag, found
+    before any model is loaded (the draft path given does not exist)."""
+    import torch
+
+    absent = str(tmp_path / "no-draft")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    no_gpu = ("--device cuda: no CUDA device is visible here (torch CUDA build: "
+              f"{torch.version.cuda or 'none'}). Use --device cpu.")
+    cases = [
+        (["eval", "--draft", absent, "--temperature", "-1"],
+         "eagle3 eval: error: --temperature must be >= 0 (0 = greedy), got -1.0."),
+        (["eval", "--draft", absent, "--threads", "0"],
+         "eagle3 eval: error: --threads must be >= 1, got 0."),
+        (["doctor", absent, "--threads", "-2"],
+         "eagle3 doctor: error: --threads must be >= 1, got -2."),
+        (["eval", "--draft", absent, "--device", "gpu"],
+         "eagle3 eval: error: --device 'gpu' is not a torch device; expected cpu, cuda or cuda:N."),
+        (["doctor", absent, "--device", "gpu"],
+         "eagle3 doctor: error: --device 'gpu' is not a torch device; expected cpu, cuda or cuda:N."),
+        (["bench", "--url", "http://127.0.0.1:1", "--dataset", prompts_file, "--warmup", "-1"],
+         "eagle3 bench: error: --warmup must be >= 0 requests, got -1."),
+        (["train", "--out", tmp_path / "o", "--draft-vocab", "0"],
+         "eagle3 train: error: --draft-vocab must be >= 1, got 0."),
+    ]
+    if gpus == 0:
+        cases.append((["eval", "--draft", absent, "--device", "cuda"], "eagle3 eval: error: " + no_gpu))
+    for argv, message in cases:
+        assert main([*map(str, argv), "--no-progress"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert (out, err) == ("", message + "\n"), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
