@@ -163,6 +163,15 @@ def test_convert_force_keeps_a_directory_of_other_files(make_draft_checkpoint, t
     (dst / "plots").rmdir()
     assert run(capsys, "convert", src, dst, "--to", "sglang", "--force")[0] == 0
     assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    # the help says what --force does
+    from eagle3_backend.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command, name in (("convert", "DST"), ("make-demo-draft", "OUT"), ("train", "DIR")):
+        (force,) = [a for a in sub[command]._actions if a.dest == "force"]
+        assert force.help == (f"replace an existing {name} that holds only a draft checkpoint "
+                              "(config.json, *.safetensors, train_report.json); refused if it "
+                              "holds other files or the input"), command
 
 
 def test_convert_on_a_full_disk_keeps_everything(make_draft_checkpoint, tmp_path):
@@ -254,6 +263,18 @@ def test_validate_text_and_bad_target(make_draft_checkpoint, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_target_given_as_the_draft_is_named(bundled_gguf, tmp_path, capsys):
+    for argv in (["inspect", bundled_gguf], ["validate", bundled_gguf, "--target", bundled_gguf],
+                 ["convert", bundled_gguf, tmp_path / "o", "--to", "sglang"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == (f"eagle3 {argv[0]}: error: checkpoint {str(bundled_gguf)!r} is a GGUF model "
+                       "file (a target, not a draft); expected the draft checkpoint directory "
+                       "(config.json + model.safetensors). Pass the draft's directory; the GGUF "
+                       "goes to --target.\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_subprocess_exit_codes_and_no_traceback(make_draft_checkpoint, bundled_gguf, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     bad = subprocess.run([sys.executable, "-m", "eagle3_backend", "inspect", str(tmp_path / "no")],

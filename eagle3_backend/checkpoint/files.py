@@ -40,6 +40,12 @@ def checkpoint_dir(path: str | os.PathLike[str]) -> Path:
             f"checkpoint {str(p)!r} does not exist; expected a draft checkpoint directory "
             f"holding config.json and model.safetensors. Check the path."
         )
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        raise CheckpointError(
+            f"checkpoint {str(p)!r} is a GGUF model file (a target, not a draft); expected the "
+            f"draft checkpoint directory (config.json + model.safetensors). Pass the draft's "
+            f"directory; the GGUF goes to --target."
+        )
     if not p.is_dir():
         raise CheckpointError(
             f"checkpoint {str(p)!r} is a file; expected the draft checkpoint directory "

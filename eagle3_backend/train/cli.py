@@ -55,7 +55,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"sharegpt | {FILE_HELP} (default sharegpt; MT-Bench questions are "
                         "always excluded)")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty checkpoint directory")
-    p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing DIR that holds only a draft checkpoint "
+                        "(config.json, *.safetensors, train_report.json); refused if "
+                        "it holds other files or the input")
     p.add_argument("--layout", default=None,
                    help="hidden-state layout, e.g. \"[embed, layer_input:15]\" (default: SGLang's "
                         "default for the target)")
