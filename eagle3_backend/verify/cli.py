@@ -260,10 +260,11 @@ def run_bench(args: argparse.Namespace) -> int:
                              temperature=args.temperature, timeout_s=args.timeout,
                              model=args.model, ignore_eos=args.ignore_eos)
     files_at = _bench_files_at(args) if args.output_dir or args.name else None
-    prompts = _bench_prompts(args, load_prompts(args.dataset, args.limit))
+    prompts = load_prompts(args.dataset, args.limit)
     check_reachable(args.url, "--url", min(10.0, args.timeout))
     if args.baseline_url:
         check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
+    prompts = _bench_prompts(args, prompts)
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
                            warmup=args.warmup, progress=not args.no_progress)
     result["dataset"] = args.dataset
