@@ -125,12 +125,14 @@ def run_eval(args: argparse.Namespace) -> int:
     result["draft"] = str(args.draft)
     result["dataset"] = args.dataset
     result["device"] = str(device)
-    if files_at is not None:
-        result["files"] = _write_eval_files(args, settings, result, *files_at)
+    failed = _try_write(result, lambda: _write_eval_files(args, settings, result, *files_at)
+                        if files_at is not None else None)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print_eval(result)
+    if failed is not None:
+        raise failed
     return EXIT_PROBLEMS if result["outputs_identical"] is False and args.dtype == "float32" else EXIT_OK
 
 
@@ -166,6 +168,20 @@ def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str,
                                                [result["baseline_tokens_per_s"]],
                                                out / f"{name}-speedup.png")))
     return files
+
+
+def _try_write(result: dict[str, Any], write: Any) -> Eagle3Error | None:
+    """Write the results files; on failure (a full disk) keep the error for after the
+    results are printed, so a finished run is never lost to its files."""
+    try:
+        files = write()
+    except OSError as exc:
+        return Eagle3Error(f"the run finished (results above) but writing its files failed: "
+                           f"{exc.strerror or exc} ({exc.filename or 'no file name'}). Free space "
+                           "or choose another --output-dir, and rerun to save them.")
+    if files is not None:
+        result["files"] = files
+    return None
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -268,12 +284,14 @@ def run_bench(args: argparse.Namespace) -> int:
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
                            warmup=args.warmup, progress=not args.no_progress)
     result["dataset"] = args.dataset
-    if files_at is not None:
-        result["files"] = _write_bench_files(args, result, *files_at)
+    failed = _try_write(result, lambda: _write_bench_files(args, result, *files_at)
+                        if files_at is not None else None)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2))
     else:
         _print_bench(result)
+    if failed is not None:
+        raise failed
     return EXIT_PROBLEMS if result["errors"] else EXIT_OK
 
 

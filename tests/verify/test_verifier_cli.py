@@ -226,3 +226,40 @@ def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_f
         out, err = capsys.readouterr()
         assert (out, err) == ("", message + "\n"), argv
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
+
+
+def test_eval_on_a_full_disk_still_prints_its_results(tmp_path, tiny_target_dir, demo_draft,
+                                                      prompts_file):
+    """The results files cannot be written at the end (a real write failure: a 2 KiB file
+    size limit, as a full disk): the finished run's results still reach stdout, then a
+    one-line error, exit 2, and no half-written results file."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "res"
+
+    def limit() -> None:  # in the child: a write past 2 KiB fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "eagle3_backend", "eval", "--target", str(tiny_target_dir),
+         "--draft", str(demo_draft), "--dataset", str(prompts_file), "--max-new-tokens", "4",
+         "--threads", "1", "--no-progress", "--json", "--output-dir", str(out), "--name", "ev"],
+        capture_output=True, text=True, env=env, timeout=600, preexec_fn=limit)
+    assert res.returncode == 2, res.stderr
+    r = json.loads(res.stdout)
+    assert r["n_prompts"] == 2 and "files" not in r
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("eagle3 eval: error: the run finished (results above) but writing its "
+                           "files failed: File too large (")
+    assert last.endswith("). Free space or choose another --output-dir, and rerun to save them.")
+    assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
