@@ -94,7 +94,9 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+            # read-only: no index refresh, so no .git/index.lock to collide with the user's git
+            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                                 timeout=10, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
         except (OSError, subprocess.TimeoutExpired):
             return None
         return res.stdout.strip() if res.returncode == 0 else None

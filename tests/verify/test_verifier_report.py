@@ -42,6 +42,30 @@ def test_git_revision_of_a_repo_and_a_non_repo(tmp_path):
     assert versions(["definitely-not-a-package-xyz"]) == {"definitely-not-a-package-xyz": None}
 
 
+def test_git_revision_never_writes_the_repository(tmp_path):
+    """Reading the revision must not refresh (rewrite) .git/index: that takes
+    .git/index.lock, which collides with the user's own git commands (and, under a file
+    size limit, was left behind)."""
+    import os
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "f.txt").write_text("a")
+    os.utime(repo / "f.txt", (1_000_000_000, 1_000_000_000))
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    os.utime(repo / "f.txt", (1_100_000_000, 1_100_000_000))  # stat differs, content the same
+    index = repo / ".git" / "index"
+    before = index.read_bytes()
+    rev = git_revision(repo)
+    assert len(rev["commit"]) == 40 and rev["dirty"] is False
+    assert index.read_bytes() == before
+    assert not (repo / ".git" / "index.lock").exists()
+
+
 def test_plots_are_png(tmp_path):
     paths = [
         plot_acceptance_histogram([5, 3, 2, 1], tmp_path / "h.png"),
