@@ -365,6 +365,7 @@ def run_doctor(args: Any) -> int:
         check_reachable(args.url, "--url", min(10.0, args.timeout))
     set_threads(args.threads)
     device = resolve_device(args.device)
+    prompts = load_prompts(args.dataset, limit=args.limit)  # a wrong --dataset before the target
     target = load_target(args.target, dtype=args.dtype, device=device,
                          allow_pickle=args.allow_pickle)
     from eagle3_backend.checkpoint import load_draft
@@ -372,7 +373,6 @@ def run_doctor(args: Any) -> int:
 
     # a wrong DRAFT (a target dir, a mismatched checkpoint) is reported now, not after the run
     load_draft(args.draft, target=TargetInfo.from_path(target.path))
-    prompts = load_prompts(args.dataset, limit=args.limit)
     run = {"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
            "chat_template": not args.no_chat_template}
     report = serve = None

@@ -168,10 +168,10 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
             return data, {"source": "cache", "cache_dir": str(cache_dir)}
     from eagle3_backend.verify.targets import load_target
 
+    prompts, excluded = _prompts(args.dataset, args.seed)  # a wrong --dataset before the target
     t0 = time.perf_counter()
     target = load_target(target_path, "float32", "cpu", allow_pickle=args.allow_pickle)
     load_s = time.perf_counter() - t0
-    prompts, excluded = _prompts(args.dataset, args.seed)
     data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,
                          num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
                          batch_size=args.gen_batch, seed=args.seed, deadline=deadline,

@@ -263,3 +263,22 @@ def test_eval_on_a_full_disk_still_prints_its_results(tmp_path, tiny_target_dir,
     assert last.endswith("). Free space or choose another --output-dir, and rerun to save them.")
     assert "Traceback" not in res.stderr
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_wrong_dataset_is_named_before_the_target_is_loaded(capsys, tmp_path, tiny_target_dir):
+    """doctor and train read --dataset before loading the target: given a target that cannot
+    load (weights missing), the error is still the dataset's."""
+    import shutil
+
+    no_weights = tmp_path / "target"
+    no_weights.mkdir()
+    shutil.copy(tiny_target_dir / "config.json", no_weights)
+    missing = tmp_path / "nosuch.jsonl"
+    message = (f"dataset file {str(missing)!r} does not exist; expected mt-bench, sharegpt or a "
+               "prompt file")
+    for argv in (["doctor", tmp_path / "d", "--target", no_weights, "--dataset", missing],
+                 ["train", "--out", tmp_path / "o", "--target", no_weights, "--dataset", missing,
+                  "--layout", "[embed]"]):
+        assert main([*map(str, argv), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eagle3 {argv[0]}: error: {message}"), err
