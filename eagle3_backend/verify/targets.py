@@ -216,8 +216,9 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError) as exc:
+        why = str(exc).strip().rstrip(".") or type(exc).__name__
         raise TargetError(
-            f"transformers could not load target {str(p)!r}: {exc}. Expected a causal LM "
+            f"transformers could not load target {str(p)!r}: {why}. Expected a causal LM "
             "model dir or GGUF file that transformers supports."
         ) from exc
     except pickle.UnpicklingError as exc:  # --allow-pickle, but not a plain state dict

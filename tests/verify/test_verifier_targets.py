@@ -71,6 +71,17 @@ def test_load_target_errors(tmp_path):
     assert parse_dtype("bf16") == torch.bfloat16
 
 
+def test_unreadable_gguf_target_is_one_sentence(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("garbage")
+    with pytest.raises(TargetError) as info:
+        load_target(bad)
+    assert str(info.value) == (
+        f"transformers could not load target {str(bad)!r}: {bad} does not start with the GGUF "
+        "magic bytes, so it is not a GGUF file. Expected a causal LM model dir or GGUF file "
+        "that transformers supports.")
+
+
 def test_load_hf_dir_target(tiny_target_dir):
     t = load_target(tiny_target_dir, "bfloat16")
     assert (t.num_layers, t.hidden_size, t.dtype) == (8, 64, torch.bfloat16)
