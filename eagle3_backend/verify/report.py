@@ -145,10 +145,27 @@ def _probe_dir(out: Path, flag: str) -> None:
         ) from None
 
 
+def _check_not_foreign(path: Path) -> None:
+    """An existing ``<name>.json`` is replaced only when it is an earlier results file
+    (name, settings, results, environment): never a config.json or other JSON."""
+    if not path.exists():
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        ours = isinstance(doc, dict) and {"name", "settings", "results", "environment"} <= set(doc)
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    if not ours:
+        raise Eagle3Error(f"{path} exists and is not an eagle3 results file; refusing to "
+                          f"overwrite it. Choose another --name or --output-dir.")
+
+
 def check_output_dir(name: str, out_dir: str | Path | None = None) -> Path:
-    """Refuse a bad results name or an unwritable directory before a run, not after it."""
+    """Refuse a bad results name, a name that would overwrite a file that is not an earlier
+    results file, or an unwritable directory, before a run, not after it."""
     _check_name(name)
     out = Path(out_dir) if out_dir is not None else DEFAULT_RESULTS_DIR
+    _check_not_foreign(out / f"{name}.json")
     _probe_dir(out, "--output-dir")
     return out
 
@@ -180,6 +197,7 @@ def write_results(name: str, payload: Mapping[str, Any], settings: Mapping[str, 
     out = Path(out_dir) if out_dir is not None else DEFAULT_RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
+    _check_not_foreign(path)
     doc = {"name": name, "settings": dict(settings), "results": dict(payload),
            "environment": environment()}
     tmp = out / f".{name}.json.tmp-{os.getpid()}"
