@@ -100,13 +100,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from eagle3_backend.checkpoint import load_draft, save_sglang, save_speculators
 
+    from eagle3_backend.checkpoint.files import check_destination
+
     target = _target(args.target)
+    # before reading the weights: a DST that is (or holds) SRC would lose it
+    check_destination(args.dst, args.force, (args.src, args.target))
     loaded = load_draft(args.src, target=target, allow_pickle=args.allow_pickle,
                         ids_as=args.ids_as)
     if args.layout:
         loaded = _relabel_layout(loaded, args.layout)
     save = save_sglang if args.to == "sglang" else save_speculators
-    out = save(loaded, args.dst, target=target, force=args.force)
+    out = save(loaded, args.dst, target=target, force=args.force, sources=(args.src,))
     print(f"wrote {out} ({args.to} format, {loaded.dtype}, layout {loaded.layout}, "
           f"from {loaded.format} {loaded.path}; layout {loaded.layout_source})")
     for w in loaded.warnings:
@@ -322,7 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dst", metavar="DST", help="new or empty output directory")
     sp.add_argument("--to", choices=("sglang", "speculators"), required=True)
     sp.add_argument("--target", metavar="T", help="target config.json, model dir or GGUF")
-    sp.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    sp.add_argument("--force", action="store_true",
+                    help="replace an existing DST that holds only a draft checkpoint "
+                         "(config.json, *.safetensors, train_report.json); refused if "
+                         "it holds other files or the input")
     sp.add_argument("--layout", metavar="LAYOUT",
                     help="record this layout for the fc slots, in their current order, instead of "
                          "the one read from SRC (e.g. the layout `eagle3 doctor` found)")
@@ -348,7 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--draft-vocab-size", type=int, default=8192)
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    sp.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    sp.add_argument("--force", action="store_true",
+                    help="replace an existing OUT that holds only a draft checkpoint "
+                         "(config.json, *.safetensors, train_report.json); refused if "
+                         "it holds other files or the input")
     sp.set_defaults(func=cmd_make_demo_draft)
 
     from eagle3_backend.verify.cli import add_bench_parser, add_eval_parser

@@ -333,6 +333,10 @@ def add_doctor_parser(subparsers: Any) -> Any:
                    help="seconds each request to --url may take (default 300)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("--plot", metavar="PNG", default=None, help="also draw the scores as a bar chart")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
+                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_doctor)
     return p
@@ -342,7 +346,7 @@ def run_doctor(args: Any) -> int:
     import json
 
     from eagle3_backend.verify.datasets import load_prompts
-    from eagle3_backend.verify.targets import load_target
+    from eagle3_backend.verify.targets import load_target, resolve_device, set_threads
 
     if args.limit < 1 or args.max_new_tokens < 1:
         raise Eagle3Error(f"--limit ({args.limit}) and --max-new-tokens ({args.max_new_tokens}) "
@@ -351,11 +355,24 @@ def run_doctor(args: Any) -> int:
         raise Eagle3Error("--serve-only needs --url URL: the live server to check.")
     if not args.timeout > 0:
         raise Eagle3Error(f"--timeout must be > 0 seconds, got {args.timeout}.")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    target = load_target(args.target, dtype=args.dtype, device=device)
-    prompts = load_prompts(args.dataset, limit=args.limit)
+    if args.plot:
+        from eagle3_backend.verify.report import check_plot_path
+
+        check_plot_path(args.plot)  # before the run, not after it
+    if args.url:  # before the offline run: a wrong --url is found in a second, not after it
+        from eagle3_backend.verify.bench import check_reachable
+
+        check_reachable(args.url, "--url", min(10.0, args.timeout))
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    prompts = load_prompts(args.dataset, limit=args.limit)  # a wrong --dataset before the target
+    target = load_target(args.target, dtype=args.dtype, device=device,
+                         allow_pickle=args.allow_pickle)
+    from eagle3_backend.checkpoint import load_draft
+    from eagle3_backend.target import TargetInfo
+
+    # a wrong DRAFT (a target dir, a mismatched checkpoint) is reported now, not after the run
+    load_draft(args.draft, target=TargetInfo.from_path(target.path))
     run = {"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
            "chat_template": not args.no_chat_template}
     report = serve = None
@@ -372,8 +389,6 @@ def run_doctor(args: Any) -> int:
                              max_new_tokens=args.max_new_tokens,
                              chat_template=not args.no_chat_template, timeout_s=args.timeout,
                              progress=not args.no_progress)
-    if args.plot:
-        plot_scores(report, args.plot, serve)
     if args.json:
         out = report.as_dict() if report is not None else {"draft": str(args.draft),
                                                              "target": str(target.path), **run}
@@ -386,6 +401,8 @@ def run_doctor(args: Any) -> int:
         parts = ([format_report(report)] if report is not None else []) + (
             [format_serve_report(serve)] if serve is not None else [])
         print("\n\n".join(parts))
+    if args.plot:  # after the report is printed: a failure here loses nothing
+        plot_scores(report, args.plot, serve)
     verdicts = [r.verdict for r in (report, serve) if r is not None]
     return 0 if all(v == OK for v in verdicts) else 1
 

@@ -451,7 +451,8 @@ def _default_layers(num_layers: int) -> list[int]:
     if num_layers < 4:
         raise LayoutError(
             f"the engine default layout (inputs of layers 2, L//2, L-3) needs at least "
-            f"4 decoder layers, got {num_layers}."
+            f"4 decoder layers, got {num_layers}. Give the layout explicitly (e.g. "
+            f"--layout \"[embed, layer_input:{max(num_layers, 1)}]\" for eagle3 train)."
         )
     return [2, num_layers // 2, num_layers - 3]
 

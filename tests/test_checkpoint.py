@@ -443,7 +443,7 @@ def test_refuses_non_empty_destination_and_keeps_it_on_error(tiny_draft, tmp_pat
     draft = tiny_draft()
     dst = tmp_path / "dst"
     dst.mkdir()
-    (dst / "keep.txt").write_text("precious")
+    (dst / "config.json").write_text("precious")
     with pytest.raises(CheckpointError, match=r"is not empty; refusing to overwrite.*--force"):
         save_sglang(draft, dst)
 
@@ -452,15 +452,64 @@ def test_refuses_non_empty_destination_and_keeps_it_on_error(tiny_draft, tmp_pat
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(safetensors.torch, "save_file", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=r"writing .*dst failed \(\[Errno 28\] No space left on "
+                                              r"device\); nothing was written .* is unchanged"):
         save_sglang(draft, dst, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # no temp dirs left behind
-    assert (dst / "keep.txt").read_text() == "precious"
+    assert (dst / "config.json").read_text() == "precious"
     monkeypatch.undo()
 
     save_sglang(draft, dst, force=True)
     assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]
+
+
+def test_force_replaces_only_a_checkpoint_directory(tiny_draft, tmp_path, monkeypatch):
+    """--force never deletes what eagle3 did not write: other files, subdirectories, the
+    home directory, the input it was given, or what a symbolic link points at."""
+    draft = tiny_draft()
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    for name in ("config.json", "model.safetensors", "train_report.json", "notes.txt"):
+        (dst / name).write_text(name)
+    (dst / "runs").mkdir()
+    with pytest.raises(CheckpointError, match=r"holds notes.txt, runs, which are not draft "
+                                              r"checkpoint files; --force replaces only"):
+        save_sglang(draft, dst, force=True)
+    assert sorted(p.name for p in dst.iterdir()) == [
+        "config.json", "model.safetensors", "notes.txt", "runs", "train_report.json"]
+    assert (dst / "config.json").read_text() == "config.json"
+
+    home = tmp_path / "home"   # a stand-in $HOME that holds nothing but checkpoint files
+    home.mkdir()
+    (home / "config.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(CheckpointError, match=r"is the home directory or holds the current "
+                                              r"directory; refusing to replace it"):
+        save_sglang(draft, home, force=True)
+    assert [p.name for p in home.iterdir()] == ["config.json"]
+    monkeypatch.undo()
+
+    src = tmp_path / "src"
+    save_sglang(draft, src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    for out, word in ((src, "is"), (tmp_path, "holds")):
+        with pytest.raises(CheckpointError, match=rf"{word} the input .*would destroy it"):
+            save_sglang(draft, out, force=True, sources=[src])
+    link = tmp_path / "link"
+    link.symlink_to(src)
+    with pytest.raises(CheckpointError, match=r"is the input"):
+        save_sglang(draft, link, force=True, sources=[src])
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    link.unlink()
+    link.symlink_to(other)
+    with pytest.raises(CheckpointError, match=r"is a symbolic link to .*other'; expected a new"):
+        save_sglang(draft, link)
+    assert link.is_symlink() and list(other.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "home", "link", "other", "src"]
 
 
 def test_writer_needs_the_target(tiny_draft, tmp_path):

@@ -120,6 +120,92 @@ def test_convert_needs_target_when_not_recorded(make_draft_checkpoint, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under root (relative) -> file bytes (None for a directory)."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def test_convert_never_writes_over_its_input(make_draft_checkpoint, tmp_path, capsys):
+    """DST = SRC, DST holding SRC, DST a link to SRC: refused with or without --force, and
+    the source (with the user's own files next to it) is left byte for byte."""
+    work = tmp_path / "work"
+    src = make_draft_checkpoint("sglang", name="work/src")
+    (src / "train_report.json").write_text("{}")
+    (work / "mine.txt").write_text("precious")
+    (work / "link").symlink_to(src)
+    before = _snapshot(tmp_path)
+    for dst, word in ((src, "is"), (work, "holds"), (work / "link", "is")):
+        for force in ((), ("--force",)):
+            code, out, err = run(capsys, "convert", src, dst, "--to", "sglang", *force)
+            assert (code, out) == (2, ""), (dst, force, err)
+            assert err == (f"eagle3 convert: error: destination {str(dst)!r} {word} the input "
+                           f"{str(src)!r}; writing there would destroy it. Choose a new output "
+                           f"directory outside the input.\n")
+    assert _snapshot(tmp_path) == before
+
+
+def test_convert_force_keeps_a_directory_of_other_files(make_draft_checkpoint, tmp_path, capsys):
+    src = make_draft_checkpoint("sglang")
+    dst = tmp_path / "results"
+    (dst / "plots").mkdir(parents=True)
+    (dst / "config.json").write_text("{}")
+    (dst / "eval.json").write_text("{}")
+    before = _snapshot(dst)
+    code, out, err = run(capsys, "convert", src, dst, "--to", "sglang", "--force")
+    assert (code, out) == (2, "")
+    assert err == (f"eagle3 convert: error: destination {str(dst)!r} holds eval.json, plots, "
+                   f"which are not draft checkpoint files; --force replaces only a checkpoint "
+                   f"directory (config.json, *.safetensors, train_report.json). Move those away "
+                   f"or choose a new directory.\n")
+    assert _snapshot(dst) == before
+    (dst / "eval.json").unlink()
+    (dst / "plots").rmdir()
+    assert run(capsys, "convert", src, dst, "--to", "sglang", "--force")[0] == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    # the help says what --force does
+    from eagle3_backend.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command, name in (("convert", "DST"), ("make-demo-draft", "OUT"), ("train", "DIR")):
+        (force,) = [a for a in sub[command]._actions if a.dest == "force"]
+        assert force.help == (f"replace an existing {name} that holds only a draft checkpoint "
+                              "(config.json, *.safetensors, train_report.json); refused if it "
+                              "holds other files or the input"), command
+
+
+def test_convert_on_a_full_disk_keeps_everything(make_draft_checkpoint, tmp_path):
+    """A real write failure (file size limit, as a full disk: EFBIG instead of ENOSPC) is
+    a one-line error, exit 2, with DST unchanged and no temporary directory left."""
+    import resource
+    import signal
+
+    src = make_draft_checkpoint("sglang", hidden_size=256, target_hidden_size=256)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "config.json").write_text("old")
+    (dst / "model.safetensors").write_text("old weights")
+
+    def limit() -> None:  # in the child: writes past 64 KiB fail instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run([sys.executable, "-m", "eagle3_backend", "convert", str(src), str(dst),
+                          "--to", "sglang", "--force"], capture_output=True, text=True, env=env,
+                         timeout=300, preexec_fn=limit)
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+    assert res.stderr.startswith(f"eagle3 convert: error: writing {dst} failed (")
+    assert "File too large" in res.stderr
+    assert res.stderr.endswith(f"nothing was written and what was at {dst} is unchanged. Free "
+                               f"space or fix permissions in {tmp_path}, or choose another "
+                               f"output directory.\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", src.name]
+    assert [(dst / n).read_text() for n in ("config.json", "model.safetensors")] == [
+        "old", "old weights"]
+
+
 # --------------------------------------------------------------------------- validate
 def test_validate_correct_draft_against_bundled_gguf(make_draft_checkpoint, bundled_gguf, capsys):
     ckpt = make_draft_checkpoint("sglang", **SMOL)
@@ -177,6 +263,18 @@ def test_validate_text_and_bad_target(make_draft_checkpoint, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_target_given_as_the_draft_is_named(bundled_gguf, tmp_path, capsys):
+    for argv in (["inspect", bundled_gguf], ["validate", bundled_gguf, "--target", bundled_gguf],
+                 ["convert", bundled_gguf, tmp_path / "o", "--to", "sglang"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == (f"eagle3 {argv[0]}: error: checkpoint {str(bundled_gguf)!r} is a GGUF model "
+                       "file (a target, not a draft); expected the draft checkpoint directory "
+                       "(config.json + model.safetensors). Pass the draft's directory; the GGUF "
+                       "goes to --target.\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_subprocess_exit_codes_and_no_traceback(make_draft_checkpoint, bundled_gguf, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     bad = subprocess.run([sys.executable, "-m", "eagle3_backend", "inspect", str(tmp_path / "no")],

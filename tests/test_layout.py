@@ -195,3 +195,13 @@ def test_round_trip_sglang_per_arch(case, arch):
             rule == "deepseek_v2" and lay.layers[0] == 1)
         return
     assert Layout.from_sglang_ids(ids, arch, n) == lay
+
+
+def test_engine_default_on_a_tiny_target_names_the_fix():
+    with pytest.raises(LayoutError) as info:
+        Layout.engine_default("sglang", 2, "LlamaForCausalLM")
+    assert str(info.value) == (
+        "the engine default layout (inputs of layers 2, L//2, L-3) needs at least 4 decoder "
+        "layers, got 2. Give the layout explicitly (e.g. --layout \"[embed, layer_input:2]\" for "
+        "eagle3 train).")
+    assert str(Layout.parse("[embed, layer_input:2]")) == "[embed, layer_input:2]"

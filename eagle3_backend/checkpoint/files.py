@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -39,6 +39,12 @@ def checkpoint_dir(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(
             f"checkpoint {str(p)!r} does not exist; expected a draft checkpoint directory "
             f"holding config.json and model.safetensors. Check the path."
+        )
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        raise CheckpointError(
+            f"checkpoint {str(p)!r} is a GGUF model file (a target, not a draft); expected the "
+            f"draft checkpoint directory (config.json + model.safetensors). Pass the draft's "
+            f"directory; the GGUF goes to --target."
         )
     if not p.is_dir():
         raise CheckpointError(
@@ -171,28 +177,97 @@ def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torc
 
 
 # ----------------------------------------------------------------------------- writing
-def _check_destination(dst: Path, force: bool) -> None:
+# What a draft checkpoint directory is made of: the only entries ``--force`` may replace.
+OWN_NAMES = frozenset({CONFIG_NAME, SAFETENSORS_INDEX, "generation_config.json",
+                       "train_report.json"})
+OWN_SUFFIXES = (".safetensors",) + PICKLE_SUFFIXES
+
+
+def _foreign_entries(dst: Path) -> list[str]:
+    """Entries of ``dst`` that are not checkpoint files (subdirectories, links, other files)."""
+    return sorted(p.name for p in dst.iterdir()
+                  if p.is_symlink() or not p.is_file()
+                  or not (p.name in OWN_NAMES or p.suffix in OWN_SUFFIXES))
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_destination(dst: str | os.PathLike[str], force: bool,
+                      sources: Sequence[str | os.PathLike[str] | None] = ()) -> None:
+    """Refuse a destination whose replacement could lose anything.
+
+    ``dst`` must not be (or hold) one of ``sources`` (the input checkpoint, the target),
+    must not be a symbolic link, and may be non-empty only with ``force`` and only when it
+    holds nothing but checkpoint files (config.json, *.safetensors, train_report.json,
+    pickle weights): ``--force`` never deletes a directory of other files.
+    """
+    dst = Path(dst)
+    real = dst.resolve()
+    for src in sources:
+        if src is None:
+            continue
+        s = Path(src).resolve()
+        if _is_within(s, real):
+            what = "is" if s == real else "holds"
+            raise CheckpointError(
+                f"destination {str(dst)!r} {what} the input {str(src)!r}; writing there would "
+                f"destroy it. Choose a new output directory outside the input."
+            )
+    if dst.is_symlink():
+        raise CheckpointError(
+            f"destination {str(dst)!r} is a symbolic link to {str(real)!r}; expected a new or "
+            f"empty directory. Pass the real directory or a new path."
+        )
     if dst.exists() and not dst.is_dir():
         raise CheckpointError(
             f"destination {str(dst)!r} is a file; expected a new or empty directory. "
             f"Choose another output path."
         )
-    if dst.is_dir() and any(dst.iterdir()) and not force:
+    if not dst.is_dir() or not any(dst.iterdir()):
+        return
+    if _is_within(Path.cwd().resolve(), real) or real == Path.home().resolve():
+        raise CheckpointError(
+            f"destination {str(dst)!r} is the home directory or holds the current directory; "
+            f"refusing to replace it. Choose a new output directory."
+        )
+    if not force:
         raise CheckpointError(
             f"destination {str(dst)!r} is not empty; refusing to overwrite it. Choose a new "
             f"directory or pass --force to replace its contents."
         )
+    foreign = _foreign_entries(dst)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise CheckpointError(
+            f"destination {str(dst)!r} holds {shown}, which are not draft checkpoint files; "
+            f"--force replaces only a checkpoint directory (config.json, *.safetensors, "
+            f"train_report.json). Move those away or choose a new directory."
+        )
 
 
 def write_checkpoint(dst: str | os.PathLike[str], config: Mapping[str, Any],
-                     tensors: Mapping[str, torch.Tensor], force: bool = False) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` into ``dst`` atomically."""
+                     tensors: Mapping[str, torch.Tensor], force: bool = False,
+                     sources: Sequence[str | os.PathLike[str] | None] = ()) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` into ``dst`` atomically.
+
+    ``sources`` (input checkpoint, target) are paths ``dst`` must neither be nor hold;
+    see :func:`check_destination`.
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     dst = Path(dst).absolute()
-    _check_destination(dst, force)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    check_destination(dst, force, sources)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot create {dst}: {exc.strerror or exc} ({exc.filename or dst.parent}). Check "
+            f"that {dst.parent} exists and is writable, or choose another output directory."
+        ) from None
     try:
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         # safetensors refuses shared or non-contiguous storage: give each tensor its own.
@@ -200,6 +275,13 @@ def write_checkpoint(dst: str | os.PathLike[str], config: Mapping[str, Any],
         save_file(flat, str(tmp / SAFETENSORS_NAME), metadata={"format": "pt"})
         _default_permissions(tmp)
         _replace_dir(tmp, dst)
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"writing {dst} failed ({exc}); nothing was written and what was at {dst} is "
+            f"unchanged. Free space or fix permissions in {dst.parent}, or choose another "
+            f"output directory."
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

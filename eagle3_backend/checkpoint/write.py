@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -129,14 +129,25 @@ def sglang_config(loaded: LoadedDraft, arch: str, num_layers: int) -> dict[str, 
     return out
 
 
+def _sources(target: TargetInfo | None, sources: Sequence[str | os.PathLike[str]]) -> list[Any]:
+    """Paths the destination must neither be nor hold: the given inputs and the target."""
+    return [*sources, target.source if target is not None else None]
+
+
 def save_sglang(loaded: LoadedDraft, dst: str | os.PathLike[str], *,
-                target: TargetInfo | None = None, force: bool = False) -> Path:
-    """Write an SGLang-native checkpoint (config.json + model.safetensors) to ``dst``."""
+                target: TargetInfo | None = None, force: bool = False,
+                sources: Sequence[str | os.PathLike[str]] = ()) -> Path:
+    """Write an SGLang-native checkpoint (config.json + model.safetensors) to ``dst``.
+
+    ``dst`` is checked before anything is written (:func:`check_destination`): it may not
+    be or hold ``sources`` or the target, and ``force`` replaces only a checkpoint directory.
+    """
     dst = Path(dst)
     arch, layers = _target_of(loaded, target, dst)
     ordered = to_layer_order(loaded)
     config = sglang_config(ordered, arch, layers)
-    return write_checkpoint(dst, config, ordered.state_dict, force=force)
+    return write_checkpoint(dst, config, ordered.state_dict, force=force,
+                            sources=_sources(target, sources))
 
 
 def speculators_config(loaded: LoadedDraft, arch: str, num_layers: int,
@@ -183,7 +194,8 @@ def speculators_config(loaded: LoadedDraft, arch: str, num_layers: int,
 
 def save_speculators(loaded: LoadedDraft, dst: str | os.PathLike[str], *,
                      target: TargetInfo | None = None, force: bool = False,
-                     verifier_path: str | None = None) -> Path:
+                     verifier_path: str | None = None,
+                     sources: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """Write a speculators (vLLM) Eagle3 checkpoint to ``dst``."""
     dst = Path(dst)
     arch, layers = _target_of(loaded, target, dst)
@@ -199,4 +211,4 @@ def save_speculators(loaded: LoadedDraft, dst: str | os.PathLike[str], *,
     except LayoutError as exc:
         raise CheckpointError(f"{loaded.path}: {exc}") from None
     tensors = {to_speculators_name(k): v for k, v in ordered.state_dict.items()}
-    return write_checkpoint(dst, config, tensors, force=force)
+    return write_checkpoint(dst, config, tensors, force=force, sources=_sources(target, sources))

@@ -55,7 +55,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"sharegpt | {FILE_HELP} (default sharegpt; MT-Bench questions are "
                         "always excluded)")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty checkpoint directory")
-    p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing DIR that holds only a draft checkpoint "
+                        "(config.json, *.safetensors, train_report.json); refused if "
+                        "it holds other files or the input")
     p.add_argument("--layout", default=None,
                    help="hidden-state layout, e.g. \"[embed, layer_input:15]\" (default: SGLang's "
                         "default for the target)")
@@ -97,16 +100,21 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: safest on a shared machine)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_train)
     return p
 
 
 # --------------------------------------------------------------------------- pieces
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise Eagle3Error(f"--out {out} exists and is not an empty directory; expected a new or "
-                          "empty directory. Pass --force to replace it.")
+def _check_out(out: Path, force: bool, sources: list[Any]) -> None:
+    """Refuse --out before any work when the checkpoint could not be written there at the
+    end (not empty without --force, other files in it, the target or data cache in it)."""
+    from eagle3_backend.checkpoint.files import check_destination
+
+    check_destination(out, force, sources)
 
 
 def _mtbench_texts() -> set[str]:
@@ -160,10 +168,10 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
             return data, {"source": "cache", "cache_dir": str(cache_dir)}
     from eagle3_backend.verify.targets import load_target
 
+    prompts, excluded = _prompts(args.dataset, args.seed)  # a wrong --dataset before the target
     t0 = time.perf_counter()
-    target = load_target(target_path, "float32", "cpu")
+    target = load_target(target_path, "float32", "cpu", allow_pickle=args.allow_pickle)
     load_s = time.perf_counter() - t0
-    prompts, excluded = _prompts(args.dataset, args.seed)
     data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,
                          num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
                          batch_size=args.gen_batch, seed=args.seed, deadline=deadline,
@@ -253,7 +261,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
-                 "vocab_prompts"):
+                 "vocab_prompts", "draft_vocab"):
         if getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.minutes is not None and not args.minutes > 0:
@@ -264,10 +272,10 @@ def run_train(args: argparse.Namespace) -> int:
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)
     out = Path(args.out)
-    _check_out(out, args.force)
     progress = not args.no_progress
     target_path = (bundled_target_path() if args.target in (None, "bundled")
                    else Path(args.target))
+    _check_out(out, args.force, [target_path, args.cache_data])
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,
@@ -297,7 +305,7 @@ def run_train(args: argparse.Namespace) -> int:
         target_architecture=target_info.architecture,
         target_num_layers=target_info.num_hidden_layers,
     )
-    save_sglang(loaded, out, target=target_info, force=args.force)
+    save_sglang(loaded, out, target=target_info, force=args.force, sources=[args.cache_data])
     # the report's held-out numbers are those of the weights as written (dtype cast)
     written = load_draft(out, target=target_info, strict=True)
     from eagle3_backend.model import Eagle3DraftModel

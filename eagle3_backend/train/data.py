@@ -352,7 +352,10 @@ def save_data(data: TrainingData, directory: str | Path) -> Path:
     tmp = d / "data.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.replace(d / "data.safetensors")
-    (d / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    # meta.json marks the folder complete (see _get_data): written last, and atomically
+    tmp_meta = d / "meta.json.tmp"
+    tmp_meta.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    tmp_meta.replace(d / "meta.json")
     return d
 
 
@@ -365,11 +368,22 @@ def load_data(directory: str | Path) -> TrainingData:
     if not meta_path.is_file() or not tensor_path.is_file():
         raise Eagle3Error(f"{d} holds no training data (meta.json + data.safetensors); "
                           "expected a folder written by `eagle3 train --cache-data`.")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format_version") != DATA_FORMAT_VERSION:
-        raise Eagle3Error(f"{meta_path}: data format version {meta.get('format_version')!r}, "
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise Eagle3Error(f"{meta_path}: cannot be read as JSON ({exc}); the cached training "
+                          f"data is damaged. Delete {d} to regenerate it.") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != DATA_FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise Eagle3Error(f"{meta_path}: data format version {version!r}, "
                           f"expected {DATA_FORMAT_VERSION}. Delete the folder to regenerate it.")
-    t = load_file(str(tensor_path))
+    from safetensors import SafetensorError
+
+    try:
+        t = load_file(str(tensor_path))
+    except (OSError, SafetensorError) as exc:
+        raise Eagle3Error(f"{tensor_path}: not a readable safetensors file ({exc}); the cached "
+                          f"training data is damaged. Delete {d} to regenerate it.") from None
     seqs, tok_at, pos_at = [], 0, 0
     for i, (L, n) in enumerate(zip(t["lengths"].tolist(), t["prompt_lens"].tolist())):
         seqs.append(DataSequence(id=meta["ids"][i], tokens=t["tokens"][tok_at:tok_at + L],

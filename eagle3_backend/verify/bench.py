@@ -29,6 +29,7 @@ from eagle3_backend.errors import Eagle3Error
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_reachable",
     "BenchSettings",
     "LevelResult",
     "RequestResult",
@@ -252,6 +253,34 @@ def fetch_server_info(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
             return await _server_info(client, url, timeout_s)
     return asyncio.run(go())
+
+
+def check_reachable(url: str, flag: str = "--url", timeout_s: float = 10.0) -> None:
+    """Refuse a URL no server answers at, in one line, before any prompt is sent.
+
+    Any HTTP answer (even 404) counts as reachable, and so does a server that accepts the
+    connection but is slow to answer; a malformed URL or a refused/unroutable connection
+    does not.
+    """
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise Eagle3Error(f"{flag} {url!r} is not a URL ({exc}); expected e.g. "
+                          "http://127.0.0.1:30000.") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise Eagle3Error(f"{flag} {url!r} has no http:// or https:// scheme and host; expected "
+                          f"e.g. http://127.0.0.1:30000. Pass {flag} http://{url}.")
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=timeout_s)) as client:
+            client.get(url.rstrip("/") + "/health")
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise Eagle3Error(
+            f"{flag} {url}: cannot connect ({exc or type(exc).__name__}); no server answers "
+            "there. Start the SGLang server (python -m sglang.launch_server ... --port N) or "
+            f"fix {flag}."
+        ) from None
+    except httpx.HTTPError:  # it accepted the connection: a slow or odd server, not a wrong URL
+        return
 
 
 # --------------------------------------------------------------------------- running

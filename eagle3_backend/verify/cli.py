@@ -80,6 +80,10 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept a target whose weights are .bin/.pt pickle files (read with "
+                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
+                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode the raw user text (default: the target tokenizer's chat template)")
     _output_args(p, "eval")
@@ -95,24 +99,24 @@ def _default_name(kind: str, dataset: str, extra: str) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import torch
-
     from eagle3_backend.verify.datasets import load_prompts
     from eagle3_backend.verify.engine import load_draft_model
     from eagle3_backend.verify.evaluate import evaluate
-    from eagle3_backend.verify.targets import load_target, parse_dtype
+    from eagle3_backend.verify.targets import load_target, parse_dtype, resolve_device, set_threads
     from eagle3_backend.verify.tree import SpecSettings
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if not args.temperature >= 0:
+        raise Eagle3Error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}.")
+    set_threads(args.threads)
+    device = resolve_device(args.device)
     settings = SpecSettings(args.speculative_num_steps, args.speculative_eagle_topk,
                             args.speculative_num_draft_tokens)
     if args.max_new_tokens < 1:
         raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype, device)
+    target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle)
     draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
     result = evaluate(target, draft, prompts, settings, args.max_new_tokens, args.temperature,
                       args.seed, baseline=not args.no_baseline,
@@ -121,28 +125,37 @@ def run_eval(args: argparse.Namespace) -> int:
     result["draft"] = str(args.draft)
     result["dataset"] = args.dataset
     result["device"] = str(device)
-    if args.output_dir or args.name:
-        result["files"] = _write_eval_files(args, settings, result)
+    failed = _try_write(result, lambda: _write_eval_files(args, settings, result, *files_at)
+                        if files_at is not None else None)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print_eval(result)
+    if failed is not None:
+        raise failed
     return EXIT_PROBLEMS if result["outputs_identical"] is False and args.dtype == "float32" else EXIT_OK
 
 
-def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str, Any]) -> list[str]:
+def _eval_files_at(args: argparse.Namespace, settings: Any) -> tuple[str, Path]:
+    """(results name, directory), checked writable before the run."""
+    from eagle3_backend.verify.report import check_output_dir
+
+    s = settings.to_dict()
+    name = args.name or _default_name(
+        "eval", args.dataset, f"s{s['speculative_num_steps']}k{s['speculative_eagle_topk']}"
+                              f"n{s['speculative_num_draft_tokens']}-{args.dtype}")
+    return name, check_output_dir(name, args.output_dir)
+
+
+def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str, Any],
+                      name: str, out: Path) -> list[str]:
     from eagle3_backend.verify.report import (
-        DEFAULT_RESULTS_DIR,
         plot_acceptance_histogram,
         plot_spec_vs_baseline,
         write_results,
     )
 
     s = settings.to_dict()
-    name = args.name or _default_name(
-        "eval", args.dataset, f"s{s['speculative_num_steps']}k{s['speculative_eagle_topk']}"
-                              f"n{s['speculative_num_draft_tokens']}-{args.dtype}")
-    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
     run_settings = s | {k: getattr(args, k) for k in (
         "draft", "dataset", "limit", "max_new_tokens", "temperature", "dtype", "seed")}
     run_settings["target"] = result["target"]
@@ -155,6 +168,20 @@ def _write_eval_files(args: argparse.Namespace, settings: Any, result: dict[str,
                                                [result["baseline_tokens_per_s"]],
                                                out / f"{name}-speedup.png")))
     return files
+
+
+def _try_write(result: dict[str, Any], write: Any) -> Eagle3Error | None:
+    """Write the results files; on failure (a full disk) keep the error for after the
+    results are printed, so a finished run is never lost to its files."""
+    try:
+        files = write()
+    except OSError as exc:
+        return Eagle3Error(f"the run finished (results above) but writing its files failed: "
+                           f"{exc.strerror or exc} ({exc.filename or 'no file name'}). Free space "
+                           "or choose another --output-dir, and rerun to save them.")
+    if files is not None:
+        result["files"] = files
+    return None
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -239,37 +266,52 @@ def _bench_prompts(args: argparse.Namespace, prompts: list[Any]) -> list[Any]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from eagle3_backend.verify.bench import BenchSettings, run_benchmark
+    from eagle3_backend.verify.bench import BenchSettings, check_reachable, run_benchmark
     from eagle3_backend.verify.datasets import load_prompts
 
     levels = _parse_levels(args.concurrency)
+    if args.warmup < 0:
+        raise Eagle3Error(f"--warmup must be >= 0 requests, got {args.warmup}.")
     settings = BenchSettings(api=args.api, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, timeout_s=args.timeout,
                              model=args.model, ignore_eos=args.ignore_eos)
-    prompts = _bench_prompts(args, load_prompts(args.dataset, args.limit))
+    files_at = _bench_files_at(args) if args.output_dir or args.name else None
+    prompts = load_prompts(args.dataset, args.limit)
+    check_reachable(args.url, "--url", min(10.0, args.timeout))
+    if args.baseline_url:
+        check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
+    prompts = _bench_prompts(args, prompts)
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
                            warmup=args.warmup, progress=not args.no_progress)
     result["dataset"] = args.dataset
-    if args.output_dir or args.name:
-        result["files"] = _write_bench_files(args, result)
+    failed = _try_write(result, lambda: _write_bench_files(args, result, *files_at)
+                        if files_at is not None else None)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2))
     else:
         _print_bench(result)
+    if failed is not None:
+        raise failed
     return EXIT_PROBLEMS if result["errors"] else EXIT_OK
 
 
-def _write_bench_files(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
+def _bench_files_at(args: argparse.Namespace) -> tuple[str, Path]:
+    """(results name, directory), checked writable before the run."""
+    from eagle3_backend.verify.report import check_output_dir
+
+    name = args.name or _default_name("bench", args.dataset, f"{args.api}-c{args.concurrency.replace(',', '-')}")
+    return name, check_output_dir(name, args.output_dir)
+
+
+def _write_bench_files(args: argparse.Namespace, result: dict[str, Any], name: str,
+                       out: Path) -> list[str]:
     from eagle3_backend.verify.report import (
-        DEFAULT_RESULTS_DIR,
         plot_acceptance_histogram,
         plot_spec_vs_baseline,
         plot_tokens_per_s_vs_concurrency,
         write_results,
     )
 
-    name = args.name or _default_name("bench", args.dataset, f"{args.api}-c{args.concurrency.replace(',', '-')}")
-    out = Path(args.output_dir) if args.output_dir else DEFAULT_RESULTS_DIR
     files = [str(write_results(name, result, result["settings"] | {"url": args.url,
                                                                     "baseline_url": args.baseline_url,
                                                                     "dataset": args.dataset}, out))]

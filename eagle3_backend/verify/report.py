@@ -17,6 +17,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_RESULTS_DIR",
     "environment",
+    "check_output_dir",
+    "check_plot_path",
     "git_revision",
     "machine_info",
     "plot_acceptance_histogram",
@@ -91,7 +94,9 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+            # read-only: no index refresh, so no .git/index.lock to collide with the user's git
+            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                                 timeout=10, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
         except (OSError, subprocess.TimeoutExpired):
             return None
         return res.stdout.strip() if res.returncode == 0 else None
@@ -115,20 +120,93 @@ def environment() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, payload: Mapping[str, Any], settings: Mapping[str, Any],
-                  out_dir: str | Path | None = None) -> Path:
-    """Write ``<out_dir>/<name>.json`` = {name, kind, settings, results, environment}."""
+def _check_name(name: str) -> None:
     if not _NAME_RE.match(name):
         raise Eagle3Error(
             f"results name {name!r} must be letters, digits, '.', '_' or '-' (a file stem), "
             "e.g. 'eval-smollm2-chain3'."
         )
+
+
+def _probe_dir(out: Path, flag: str) -> None:
+    """Create ``out`` and write (then remove) a file in it, or say which flag to change."""
+    if out.exists() and not out.is_dir():
+        raise Eagle3Error(f"{flag} {out}: {out} is a file; expected a directory. Choose another "
+                          f"{flag}.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".eagle3-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise Eagle3Error(
+            f"{flag} {out}: cannot write there ({exc.strerror or exc}); checked before the run so "
+            f"its results are not lost at the end. Choose a writable {flag}."
+        ) from None
+
+
+def _check_not_foreign(path: Path) -> None:
+    """An existing ``<name>.json`` is replaced only when it is an earlier results file
+    (name, settings, results, environment): never a config.json or other JSON."""
+    if not path.exists():
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        ours = isinstance(doc, dict) and {"name", "settings", "results", "environment"} <= set(doc)
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    if not ours:
+        raise Eagle3Error(f"{path} exists and is not an eagle3 results file; refusing to "
+                          f"overwrite it. Choose another --name or --output-dir.")
+
+
+def check_output_dir(name: str, out_dir: str | Path | None = None) -> Path:
+    """Refuse a bad results name, a name that would overwrite a file that is not an earlier
+    results file, or an unwritable directory, before a run, not after it."""
+    _check_name(name)
+    out = Path(out_dir) if out_dir is not None else DEFAULT_RESULTS_DIR
+    _check_not_foreign(out / f"{name}.json")
+    _probe_dir(out, "--output-dir")
+    return out
+
+
+def check_plot_path(path: str | Path, flag: str = "--plot") -> Path:
+    """Refuse a plot file matplotlib cannot write (unknown format, a directory, unwritable
+    place) before the run that would draw it."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = Path(path)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    fmt = out.suffix[1:].lower()
+    if fmt not in kinds:
+        raise Eagle3Error(f"{flag} {out}: {'no' if not fmt else repr(fmt)} file format; expected "
+                          f"one of {', '.join(sorted(kinds))}. Give the file a suffix such as "
+                          f".png.")
+    if out.is_dir():
+        raise Eagle3Error(f"{flag} {out} is a directory; expected a file name. Pass e.g. "
+                          f"{out / 'doctor.png'}.")
+    _probe_dir(out.parent, f"{flag} directory")
+    return out
+
+
+def write_results(name: str, payload: Mapping[str, Any], settings: Mapping[str, Any],
+                  out_dir: str | Path | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` = {name, kind, settings, results, environment}
+    (through a temporary file, so an interrupted write never leaves half a file)."""
+    _check_name(name)
     out = Path(out_dir) if out_dir is not None else DEFAULT_RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
+    _check_not_foreign(path)
     doc = {"name": name, "settings": dict(settings), "results": dict(payload),
            "environment": environment()}
-    path.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    tmp = out / f".{name}.json.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n",
+                       encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     logger.info("wrote %s", path)
     return path
 

@@ -19,6 +19,7 @@ order): ``[B, T, K*H]``.
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,14 +94,89 @@ class Target:
         return frozenset(ids)
 
 
+def resolve_device(device: str | None) -> str:
+    """The torch device for ``--device`` (default: cuda if available, else cpu), refused in
+    one line when it is not a device name or names a GPU this machine does not have."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise TargetError(f"--device {device!r} is not a torch device; expected cpu, cuda or "
+                          "cuda:N.") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise TargetError(f"--device {device}: no CUDA device is visible here (torch CUDA "
+                              f"build: {torch.version.cuda or 'none'}). Use --device cpu.")
+        if d.index is not None and d.index >= n:
+            raise TargetError(f"--device {device}: this machine has {n} CUDA device(s), "
+                              f"cuda:0 .. cuda:{n - 1}. Pick one of those.")
+    return device
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: torch CPU threads (None keeps torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise TargetError(f"--threads must be >= 1, got {threads}.")
+    torch.set_num_threads(threads)
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
+    """from_pretrained kwargs that keep transformers off pickle weights unless allowed."""
+    if any(model_dir.glob("*.safetensors")):
+        return {"use_safetensors": True}
+    pickles = sorted(f.name for f in model_dir.iterdir()
+                     if f.is_file() and f.suffix in PICKLE_SUFFIXES and f.name != "training_args.bin")
+    if pickles and not allow_pickle:
+        raise TargetError(
+            f"target {str(model_dir)!r} has its weights only in pickle file(s) "
+            f"{', '.join(pickles)}, which can run arbitrary code when loaded, so they are "
+            "refused; expected model.safetensors. If you trust them, pass --allow-pickle (read "
+            "with torch.load(weights_only=True)), or re-save the model with "
+            "save_pretrained(..., safe_serialization=True)."
+        )
+    return {}
+
+
+def _refuse_draft(model_dir: Path) -> None:
+    """A draft checkpoint given as the target: say so instead of transformers' tokenizer error."""
+    import json
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no readable config.json: transformers' own error names it
+    if not isinstance(raw, dict):
+        return
+    archs = raw.get("architectures")
+    names = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    if (any("eagle" in a.lower() or "speculator" in a.lower() for a in names)
+            or "draft_vocab_size" in raw or "speculators_model_type" in raw):
+        raise TargetError(
+            f"target {str(model_dir)!r} is an EAGLE-3 draft checkpoint (architectures "
+            f"{archs!r}), not a target model. Pass the target (HF model dir or .gguf) as the "
+            "target and the draft as the draft."
+        )
+
+
 def load_target(
     path: "str | Path | None" = None,
     dtype: "str | torch.dtype" = "float32",
     device: "str | torch.device" = "cpu",
+    allow_pickle: bool = False,
 ) -> Target:
     """Load a transformers causal LM from a model dir or a ``.gguf`` file.
 
-    ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF.
+    ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF. A model
+    dir is read from its safetensors only; one whose weights are pickle files
+    (``pytorch_model.bin``, ``.pt``) is refused unless ``allow_pickle`` (then transformers
+    reads them with ``torch.load(weights_only=True)``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,15 +207,27 @@ def load_target(
                 )
             kwargs["gguf_file"] = ggufs[0].name
         model_dir = str(p)
+    if p.is_dir():
+        _refuse_draft(p)
+        if "gguf_file" not in kwargs:
+            kwargs.update(_weights_kwargs(p, allow_pickle))
     logger.info("loading target %s (%s) on %s", p, torch_dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError) as exc:
+        why = str(exc).strip().rstrip(".") or type(exc).__name__
         raise TargetError(
-            f"transformers could not load target {str(p)!r}: {exc}. Expected a causal LM "
+            f"transformers could not load target {str(p)!r}: {why}. Expected a causal LM "
             "model dir or GGUF file that transformers supports."
         ) from exc
+    except pickle.UnpicklingError as exc:  # --allow-pickle, but not a plain state dict
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TargetError(
+            f"target {str(p)!r}: its pickle weights do not load with torch.load("
+            f"weights_only=True) ({first}); expected plain tensors. Re-save the model with "
+            "save_pretrained(..., safe_serialization=True) where it was made."
+        ) from None
     model.to(device).eval()
     if torch.device(device).type == "cpu" and torch_dtype == torch.float32:
         from eagle3_backend.cpu.small_gemm import few_row_linears

@@ -89,6 +89,29 @@ def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, pr
     assert "evaluation set" in capsys.readouterr().err
 
 
+def test_train_refuses_an_out_it_could_not_replace_before_any_work(tmp_path, tiny_target_dir,
+                                                                   prompts_file, capsys):
+    """--force on a directory holding the data cache or other files, or --out = the target,
+    is refused up front (not after training), and nothing is touched."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    cases = [(out, out / "cache", f"destination {str(out)!r} holds the input "
+                                   f"{str(out / 'cache')!r}; writing there would destroy it."),
+             (tiny_target_dir, tmp_path / "c", f"destination {str(tiny_target_dir)!r} is the "
+                                               f"input {str(tiny_target_dir)!r};")]
+    (out / "notes.md").write_text("mine")
+    cases.append((out, tmp_path / "c", "holds notes.md, which are not draft checkpoint files"))
+    target_before = sorted(p.name for p in tiny_target_dir.iterdir())
+    for dst, cache, message in cases:
+        assert main(_argv(tiny_target_dir, prompts_file, dst, cache, "--force")) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("eagle3 train: error: ") and message in err, err
+    assert sorted(p.name for p in tiny_target_dir.iterdir()) == target_before
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]   # no data was generated
+
+
 def test_train_refuses_a_file_of_mtbench_questions(tmp_path, tiny_target_dir, capsys):
     from eagle3_backend.verify.datasets import mtbench_path
 

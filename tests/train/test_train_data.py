@@ -80,6 +80,28 @@ def test_save_load_roundtrip(tmp_path, data):
         s.tokens.shape[0] - s.prompt_len for s in data.sequences)
 
 
+def test_damaged_cache_is_a_one_line_error(tmp_path, data):
+    """A cache folder cut short (meta.json or data.safetensors truncated): an Eagle3Error
+    naming the file and the fix, not a JSON/safetensors exception; no temp files remain."""
+    from eagle3_backend.errors import Eagle3Error
+
+    d = save_data(data, tmp_path / "d")
+    assert sorted(p.name for p in d.iterdir()) == ["data.safetensors", "meta.json"]
+    meta = (d / "meta.json").read_text()
+    (d / "meta.json").write_text(meta[: len(meta) // 2])
+    with pytest.raises(Eagle3Error, match=rf"^{d}/meta.json: cannot be read as JSON \(.*\); the "
+                                          rf"cached training data is damaged. Delete {d} to "
+                                          rf"regenerate it.$"):
+        load_data(d)
+    (d / "meta.json").write_text(meta)
+    blob = (d / "data.safetensors").read_bytes()
+    (d / "data.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(Eagle3Error, match=rf"^{d}/data.safetensors: not a readable safetensors "
+                                          rf"file \(.*\); the cached training data is damaged. "
+                                          rf"Delete {d} to regenerate it.$"):
+        load_data(d)
+
+
 def test_prompt_limits(tiny_target):
     ids_len = {p.id: len(render_prompt(tiny_target.tokenizer, p)) for p in PROMPTS}
     cap = ids_len["mid"]  # "long" is longer than "mid", "short" is shorter

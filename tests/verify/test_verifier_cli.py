@@ -108,3 +108,177 @@ def test_bench_cli_failures_exit_1_and_are_listed(capsys, tmp_path, serve, promp
     assert "0/2" in captured.out
     assert captured.err.count("HTTP 500") == 2
     assert main(["bench", "--url", srv.url, "--dataset", str(prompts_file), "--concurrency", "0"]) == 2
+
+
+# --------------------------------------------------------------------------- bad input, before the run
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_unwritable_results_place_is_refused_before_the_run(capsys, tmp_path, prompts_file):
+    """--output-dir / --name / doctor --plot are checked first: the draft given here does not
+    even exist, and the error is about the output, so nothing ran (and nothing is lost)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    absent = tmp_path / "no-draft"
+    cases = [
+        (["eval", "--draft", absent, "--output-dir", blocker],
+         f"eagle3 eval: error: --output-dir {blocker}: {blocker} is a file; expected a directory. "
+         "Choose another --output-dir.\n"),
+        (["eval", "--draft", absent, "--output-dir", blocker / "sub"],
+         f"eagle3 eval: error: --output-dir {blocker / 'sub'}: cannot write there (Not a "
+         "directory); checked before the run so its results are not lost at the end. Choose a "
+         "writable --output-dir.\n"),
+        (["eval", "--draft", absent, "--name", "my run"],
+         "eagle3 eval: error: results name 'my run' must be letters, digits, '.', '_' or '-' (a "
+         "file stem), e.g. 'eval-smollm2-chain3'.\n"),
+        (["bench", "--url", "http://127.0.0.1:1", "--dataset", prompts_file, "--output-dir",
+          blocker], f"eagle3 bench: error: --output-dir {blocker}: {blocker} is a file; "
+                    "expected a directory. Choose another --output-dir.\n"),
+        (["doctor", absent, "--plot", tmp_path / "scores.json"],
+         f"eagle3 doctor: error: --plot {tmp_path / 'scores.json'}: 'json' file format; expected "
+         "one of "),
+        (["doctor", absent, "--plot", tmp_path],
+         f"eagle3 doctor: error: --plot {tmp_path}: no file format; expected one of "),
+        (["doctor", absent, "--plot", blocker / "s.png"],
+         f"eagle3 doctor: error: --plot directory {blocker}: {blocker} is a file; expected a "
+         "directory. Choose another --plot directory.\n"),
+    ]
+    for argv, message in cases:
+        assert main([*map(str, argv), "--no-progress"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(message) and err.count("\n") == 1, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "prompts.jsonl"]
+
+
+def test_bench_and_doctor_refuse_a_url_without_a_server(capsys, tmp_path, prompts_file, serve):
+    dead = _closed_port_url()
+    start = (f"--url {dead}: cannot connect ([Errno 111] Connection refused); no server answers "
+             "there. Start the SGLang server (python -m sglang.launch_server ... --port N) or fix "
+             "--url.\n")
+    # native API without --tokenizer: the URL is refused before the chat-template note
+    assert main(["bench", "--url", dead, "--dataset", str(prompts_file), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"eagle3 bench: error: {start}")
+    live = serve()
+    assert main(["bench", "--url", live.url, "--baseline-url", dead, "--dataset",
+                 str(prompts_file), "--api", "openai", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("eagle3 bench: error: " + start.replace("--url", "--baseline-url"))
+    assert live.bodies == []            # not one prompt was sent
+    assert main(["bench", "--url", "127.0.0.1:30000", "--dataset", str(prompts_file),
+                 "--api", "openai"]) == 2
+    assert capsys.readouterr().err == (
+        "eagle3 bench: error: --url '127.0.0.1:30000' has no http:// or https:// scheme and host; "
+        "expected e.g. http://127.0.0.1:30000. Pass --url http://127.0.0.1:30000.\n")
+    # doctor: refused before the target is loaded (the draft path does not even exist)
+    assert main(["doctor", str(tmp_path / "no-draft"), "--url", dead, "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"eagle3 doctor: error: {start}"
+
+
+def test_a_draft_given_as_the_target_is_named(capsys, tiny_target_dir, demo_draft, prompts_file):
+    for argv in (["eval", "--draft", demo_draft, "--target", demo_draft, "--dataset", prompts_file],
+                 ["doctor", demo_draft, "--target", demo_draft, "--dataset", prompts_file]):
+        assert main([*map(str, argv), "--no-progress"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"eagle3 {argv[0]}: error: target {str(demo_draft)!r} is an EAGLE-3 draft checkpoint "
+            "(architectures ['LlamaForCausalLMEagle3']), not a target model. Pass the target (HF "
+            "model dir or .gguf) as the target and the draft as the draft.\n")
+    # a target given as the draft: named before the long offline run
+    assert main(["doctor", str(tiny_target_dir), "--target", str(tiny_target_dir), "--dataset",
+                 str(prompts_file), "--no-progress"]) == 2
+    assert "is not an EAGLE-3 draft" in capsys.readouterr().err
+
+
+def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_file):
+    """Wrong numbers and devices a user may type: exit 2 and one line naming the flag, found
+    before any model is loaded (the draft path given does not exist)."""
+    import torch
+
+    absent = str(tmp_path / "no-draft")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    no_gpu = ("--device cuda: no CUDA device is visible here (torch CUDA build: "
+              f"{torch.version.cuda or 'none'}). Use --device cpu.")
+    cases = [
+        (["eval", "--draft", absent, "--temperature", "-1"],
+         "eagle3 eval: error: --temperature must be >= 0 (0 = greedy), got -1.0."),
+        (["eval", "--draft", absent, "--threads", "0"],
+         "eagle3 eval: error: --threads must be >= 1, got 0."),
+        (["doctor", absent, "--threads", "-2"],
+         "eagle3 doctor: error: --threads must be >= 1, got -2."),
+        (["eval", "--draft", absent, "--device", "gpu"],
+         "eagle3 eval: error: --device 'gpu' is not a torch device; expected cpu, cuda or cuda:N."),
+        (["doctor", absent, "--device", "gpu"],
+         "eagle3 doctor: error: --device 'gpu' is not a torch device; expected cpu, cuda or cuda:N."),
+        (["bench", "--url", "http://127.0.0.1:1", "--dataset", prompts_file, "--warmup", "-1"],
+         "eagle3 bench: error: --warmup must be >= 0 requests, got -1."),
+        (["train", "--out", tmp_path / "o", "--draft-vocab", "0"],
+         "eagle3 train: error: --draft-vocab must be >= 1, got 0."),
+    ]
+    if gpus == 0:
+        cases.append((["eval", "--draft", absent, "--device", "cuda"], "eagle3 eval: error: " + no_gpu))
+    for argv, message in cases:
+        assert main([*map(str, argv), "--no-progress"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert (out, err) == ("", message + "\n"), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
+
+
+def test_eval_on_a_full_disk_still_prints_its_results(tmp_path, tiny_target_dir, demo_draft,
+                                                      prompts_file):
+    """The results files cannot be written at the end (a real write failure: a 2 KiB file
+    size limit, as a full disk): the finished run's results still reach stdout, then a
+    one-line error, exit 2, and no half-written results file."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "res"
+
+    def limit() -> None:  # in the child: a write past 2 KiB fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "eagle3_backend", "eval", "--target", str(tiny_target_dir),
+         "--draft", str(demo_draft), "--dataset", str(prompts_file), "--max-new-tokens", "4",
+         "--threads", "1", "--no-progress", "--json", "--output-dir", str(out), "--name", "ev"],
+        capture_output=True, text=True, env=env, timeout=600, preexec_fn=limit)
+    assert res.returncode == 2, res.stderr
+    r = json.loads(res.stdout)
+    assert r["n_prompts"] == 2 and "files" not in r
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("eagle3 eval: error: the run finished (results above) but writing its "
+                           "files failed: File too large (")
+    assert last.endswith("). Free space or choose another --output-dir, and rerun to save them.")
+    assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_wrong_dataset_is_named_before_the_target_is_loaded(capsys, tmp_path, tiny_target_dir):
+    """doctor and train read --dataset before loading the target: given a target that cannot
+    load (weights missing), the error is still the dataset's."""
+    import shutil
+
+    no_weights = tmp_path / "target"
+    no_weights.mkdir()
+    shutil.copy(tiny_target_dir / "config.json", no_weights)
+    missing = tmp_path / "nosuch.jsonl"
+    message = (f"dataset file {str(missing)!r} does not exist; expected mt-bench, sharegpt or a "
+               "prompt file")
+    for argv in (["doctor", tmp_path / "d", "--target", no_weights, "--dataset", missing],
+                 ["train", "--out", tmp_path / "o", "--target", no_weights, "--dataset", missing,
+                  "--layout", "[embed]"]):
+        assert main([*map(str, argv), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eagle3 {argv[0]}: error: {message}"), err

@@ -42,6 +42,30 @@ def test_git_revision_of_a_repo_and_a_non_repo(tmp_path):
     assert versions(["definitely-not-a-package-xyz"]) == {"definitely-not-a-package-xyz": None}
 
 
+def test_git_revision_never_writes_the_repository(tmp_path):
+    """Reading the revision must not refresh (rewrite) .git/index: that takes
+    .git/index.lock, which collides with the user's own git commands (and, under a file
+    size limit, was left behind)."""
+    import os
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "f.txt").write_text("a")
+    os.utime(repo / "f.txt", (1_000_000_000, 1_000_000_000))
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    os.utime(repo / "f.txt", (1_100_000_000, 1_100_000_000))  # stat differs, content the same
+    index = repo / ".git" / "index"
+    before = index.read_bytes()
+    rev = git_revision(repo)
+    assert len(rev["commit"]) == 40 and rev["dirty"] is False
+    assert index.read_bytes() == before
+    assert not (repo / ".git" / "index.lock").exists()
+
+
 def test_plots_are_png(tmp_path):
     paths = [
         plot_acceptance_histogram([5, 3, 2, 1], tmp_path / "h.png"),
@@ -52,3 +76,27 @@ def test_plots_are_png(tmp_path):
     for p in paths:
         data = p.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 2000, p
+
+
+def test_results_never_overwrite_a_file_that_is_not_results(tmp_path):
+    """--name config --output-dir DRAFT would have replaced the draft's config.json; an
+    earlier results file of the same name is still refreshed."""
+    from eagle3_backend.verify.report import check_output_dir
+
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
+    (tmp_path / "notes.json").write_text("not json")
+    for name in ("config", "notes"):
+        message = (f"{tmp_path / (name + '.json')} exists and is not an eagle3 results file; "
+                   "refusing to overwrite it. Choose another --name or --output-dir.")
+        for call in (lambda: check_output_dir(name, tmp_path),
+                     lambda: write_results(name, {}, {}, tmp_path)):
+            with pytest.raises(Eagle3Error) as info:
+                call()
+            assert str(info.value) == message
+    assert (tmp_path / "config.json").read_text() == '{"architectures": ["LlamaForCausalLMEagle3"]}'
+    assert (tmp_path / "notes.json").read_text() == "not json"
+    write_results("run", {"a": 1}, {}, tmp_path)
+    assert check_output_dir("run", tmp_path) == tmp_path
+    write_results("run", {"a": 2}, {}, tmp_path)
+    assert json.loads((tmp_path / "run.json").read_text())["results"] == {"a": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "notes.json", "run.json"]

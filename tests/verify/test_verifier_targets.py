@@ -71,7 +71,70 @@ def test_load_target_errors(tmp_path):
     assert parse_dtype("bf16") == torch.bfloat16
 
 
+def test_unreadable_gguf_target_is_one_sentence(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("garbage")
+    with pytest.raises(TargetError) as info:
+        load_target(bad)
+    assert str(info.value) == (
+        f"transformers could not load target {str(bad)!r}: {bad} does not start with the GGUF "
+        "magic bytes, so it is not a GGUF file. Expected a causal LM model dir or GGUF file "
+        "that transformers supports.")
+
+
 def test_load_hf_dir_target(tiny_target_dir):
     t = load_target(tiny_target_dir, "bfloat16")
     assert (t.num_layers, t.hidden_size, t.dtype) == (8, 64, torch.bfloat16)
     assert next(t.model.parameters()).dtype == torch.bfloat16
+
+
+class _RunsCode:
+    """Pickled, it calls os.system on load unless the loader restricts globals."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_target_weights_are_refused_unless_allowed(tiny_target_dir, tmp_path, capsys):
+    """A HF dir whose weights are pytorch_model.bin: refused by load_target and by the eval /
+    doctor / train commands (exit 2, naming --allow-pickle); with allow_pickle it loads the
+    same weights, and a pickle that runs code is still not run (weights_only)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from eagle3_backend.cli import main
+
+    pk = tmp_path / "pickled"
+    shutil.copytree(tiny_target_dir, pk)
+    sd = load_file(str(pk / "model.safetensors"))
+    (pk / "model.safetensors").unlink()
+    torch.save(sd, pk / "pytorch_model.bin")
+    message = (f"target {str(pk)!r} has its weights only in pickle file(s) pytorch_model.bin, "
+               "which can run arbitrary code when loaded, so they are refused; expected "
+               "model.safetensors. If you trust them, pass --allow-pickle")
+    with pytest.raises(TargetError, match=r"^" + message.replace("(", r"\(").replace(")", r"\)")):
+        load_target(pk)
+    for argv in (["eval", "--draft", tmp_path / "d"], ["doctor", tmp_path / "d"],
+                 ["train", "--out", tmp_path / "o", "--layout", "[embed]"]):
+        assert main([*map(str, argv), "--target", str(pk), "--no-progress"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"eagle3 {argv[0]}: error: {message}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pickled"]
+
+    t = load_target(pk, allow_pickle=True)
+    ref = load_target(tiny_target_dir)
+    for (name, a), (_, b) in zip(t.model.state_dict().items(), ref.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+    marker = tmp_path / "ran"
+    torch.save({**sd, "x": _RunsCode(marker)}, pk / "pytorch_model.bin")
+    with pytest.raises(TargetError, match=r"its pickle weights do not load with torch.load\("
+                                          r"weights_only=True\) \(Weights only load failed"):
+        load_target(pk, allow_pickle=True)
+    assert not marker.exists()
