@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3_backend.checkpoint.files import PICKLE_SUFFIXES
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
 from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path
@@ -122,9 +123,6 @@ def set_threads(threads: int | None) -> None:
     if threads < 1:
         raise TargetError(f"--threads must be >= 1, got {threads}.")
     torch.set_num_threads(threads)
-
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
