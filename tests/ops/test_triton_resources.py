@@ -29,7 +29,6 @@ from eagle3_backend.ops.triton.resources import (  # noqa: E402
     compile_for_target,
     cubin_resources,
     find_cuobjdump,
-    shared_memory_bytes,
 )
 
 
@@ -50,7 +49,8 @@ _PROBE_TILE = {"BM": 128, "BN": 128, "BK": 64}  # one stage: 16 KB of A + 16 KB 
 
 
 def _probe(num_stages: int) -> int:
-    return shared_memory_bytes(_probe_matmul, _PROBE_TYPES, _PROBE_TILE, num_warps=8, num_stages=num_stages)
+    compiled = compile_for_target(_probe_matmul, _PROBE_TYPES, _PROBE_TILE, num_warps=8, num_stages=num_stages)
+    return int(compiled.metadata.shared)
 
 
 def test_measurement_sees_pipeline_stages_and_catches_oversized_configs():

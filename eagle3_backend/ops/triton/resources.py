@@ -45,7 +45,9 @@ def compile_for_target(
     """Compile the kernel function ``body`` for ``cuda:capability``.
 
     arg_types: Triton type strings ("*bf16", "i64", ...) for every runtime
-    argument; constexprs: value of every constexpr argument.
+    argument; constexprs: value of every constexpr argument. The result's
+    ``metadata.shared`` is the shared memory one program needs (bytes);
+    :func:`cubin_resources` reads its registers and spills.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -68,22 +70,6 @@ def compile_for_target(
         target=GPUTarget("cuda", capability, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
-
-
-def shared_memory_bytes(
-    body: Callable,
-    arg_types: Mapping[str, str],
-    constexprs: Mapping[str, object],
-    *,
-    num_warps: int,
-    num_stages: int,
-    capability: int = 120,
-) -> int:
-    """Bytes of shared memory one program of this config needs on the target."""
-    compiled = compile_for_target(
-        body, arg_types, constexprs, num_warps=num_warps, num_stages=num_stages, capability=capability
-    )
-    return int(compiled.metadata.shared)
 
 
 @dataclass(frozen=True, slots=True)
