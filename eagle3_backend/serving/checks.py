@@ -173,12 +173,16 @@ def check_launch(args: LaunchArgs, target: TargetInfo | None,
 
 
 def _check_tree_size(args: LaunchArgs) -> None:
-    """Refuse more draft tokens than a top-k tree can propose.
+    """Refuse a top-k tree size SGLang 0.5.23 loads every weight for and then crashes on.
 
-    SGLang 0.5.23 takes the best ``num_draft_tokens - 1`` of the nodes its draft scores
-    (``organize_draft_results``) without checking there are that many: the launch loads
-    every weight and then its scheduler dies on the first decode with torch's 'selected
-    index k out of range'. A chain (top-k 1) is resized by SGLang itself.
+    * more draft tokens than the tree proposes: it takes the best ``num_draft_tokens - 1``
+      of the nodes its draft scores (``organize_draft_results``) without checking there
+      are that many ('selected index k out of range' at the first decode);
+    * fewer than ``steps + 1``: its tree verify moves the accepted path (up to steps + 1
+      tokens) to the front of each request's block of ``num_draft_tokens`` slots
+      (``_compact_accept_to_front``), a tensor size mismatch at the first verify.
+
+    A chain (top-k 1) is resized to ``steps + 1`` by SGLang itself.
     """
     steps, k, n = args.num_steps, args.topk, args.num_draft_tokens
     if steps is None or k is None or n is None or k == 1:
@@ -195,6 +199,15 @@ def _check_tree_size(args: LaunchArgs) -> None:
             f"then stop at the first decode ('selected index k out of range'). Lower "
             f"--speculative-num-draft-tokens to {most} or less, or raise --speculative-num-steps "
             f"or --speculative-eagle-topk.")
+    if n < steps + 1:
+        raise ServingError(
+            f"eagle3_backend refuses to start: --speculative-num-draft-tokens {n} with "
+            f"--speculative-num-steps {steps} --speculative-eagle-topk {k}; SGLang's tree verify "
+            f"lays the accepted path (up to steps + 1 = {steps + 1} tokens) into each request's "
+            f"{n} draft-token slots, so it needs at least {steps + 1}. SGLang would load every "
+            f"weight and then stop at the first verify (a tensor size mismatch). Raise "
+            f"--speculative-num-draft-tokens to {steps + 1} or more, or lower "
+            f"--speculative-num-steps to {n - 1}.")
 
 
 # ------------------------------------------------------------------------- algorithm
