@@ -71,6 +71,9 @@ class LaunchArgs:
     draft_path: str | None
     pp_size: int = 1
     two_batch_overlap: bool = False
+    num_steps: int | None = None  # --speculative-num-steps (None: not resolved, not checked)
+    topk: int | None = None  # --speculative-eagle-topk
+    num_draft_tokens: int | None = None  # --speculative-num-draft-tokens
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -134,6 +137,7 @@ def check_launch(args: LaunchArgs, target: TargetInfo | None,
             "EAGLE-3 hidden states (the draft would get fewer states than its layout). Drop "
             "--enable-two-batch-overlap for EAGLE-3."))
     parallel.raise_if_any("the parallel setup")
+    _check_tree_size(args)
 
     ckpt = _local_dir(args.draft_path)
     from eagle3_backend.checkpoint import load_draft, read_config
@@ -166,6 +170,44 @@ def check_launch(args: LaunchArgs, target: TargetInfo | None,
     return ServingPlan(layout=layout, architecture=target.architecture,
                        num_layers=target.num_hidden_layers, hidden_size=target.hidden_size,
                        draft_path=str(args.draft_path), layout_source=source)
+
+
+def _check_tree_size(args: LaunchArgs) -> None:
+    """Refuse a top-k tree size SGLang 0.5.23 loads every weight for and then crashes on.
+
+    * more draft tokens than the tree proposes: it takes the best ``num_draft_tokens - 1``
+      of the nodes its draft scores (``organize_draft_results``) without checking there
+      are that many ('selected index k out of range' at the first decode);
+    * fewer than ``steps + 1``: its tree verify moves the accepted path (up to steps + 1
+      tokens) to the front of each request's block of ``num_draft_tokens`` slots
+      (``_compact_accept_to_front``), a tensor size mismatch at the first verify.
+
+    A chain (top-k 1) is resized to ``steps + 1`` by SGLang itself.
+    """
+    steps, k, n = args.num_steps, args.topk, args.num_draft_tokens
+    if steps is None or k is None or n is None or k == 1:
+        return
+    from eagle3_backend.verify.tree import max_draft_tokens
+
+    most = max_draft_tokens(steps, k)
+    if n > most:
+        raise ServingError(
+            f"eagle3_backend refuses to start: --speculative-num-draft-tokens {n} with "
+            f"--speculative-num-steps {steps} --speculative-eagle-topk {k}; a draft tree of "
+            f"{steps} step(s) with top-k {k} proposes at most {most - 1} tokens, so a verify step "
+            f"holds at most {most} (the root + {most - 1}). SGLang would load every weight and "
+            f"then stop at the first decode ('selected index k out of range'). Lower "
+            f"--speculative-num-draft-tokens to {most} or less, or raise --speculative-num-steps "
+            f"or --speculative-eagle-topk.")
+    if n < steps + 1:
+        raise ServingError(
+            f"eagle3_backend refuses to start: --speculative-num-draft-tokens {n} with "
+            f"--speculative-num-steps {steps} --speculative-eagle-topk {k}; SGLang's tree verify "
+            f"lays the accepted path (up to steps + 1 = {steps + 1} tokens) into each request's "
+            f"{n} draft-token slots, so it needs at least {steps + 1}. SGLang would load every "
+            f"weight and then stop at the first verify (a tensor size mismatch). Raise "
+            f"--speculative-num-draft-tokens to {steps + 1} or more, or lower "
+            f"--speculative-num-steps to {n - 1}.")
 
 
 # ------------------------------------------------------------------------- algorithm

@@ -32,6 +32,9 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
         draft_path=cfg.speculative_draft_model_path,
         pp_size=int(getattr(cfg, "pp_size", 1) or 1),
         two_batch_overlap=bool(getattr(cfg, "enable_two_batch_overlap", False)),
+        num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
+        topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
+        num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
     )
     os.environ.pop(checks.PLAN_ENV, None)  # never let a stale plan reach the schedulers
     if launch.algorithm not in ("EAGLE", "EAGLE3"):
@@ -56,6 +59,10 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
                 plan.num_layers, plan.hidden_size, plan.layout, plan.layout_source,
                 plan.fc_in_features)
     return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _target_info(server_args: Any, cfg: Any):

@@ -32,7 +32,14 @@ import torch
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.model import DraftKVCache, Eagle3DraftModel, tree_attention_mask
 
-__all__ = ["DraftTree", "SpecSettings", "draft_tree"]
+__all__ = ["DraftTree", "SpecSettings", "draft_tree", "max_draft_tokens"]
+
+
+def max_draft_tokens(steps: int, topk: int) -> int:
+    """The most tokens one verify step can hold: the root plus every node the draft scores
+    (k at the first step, k*k at each later one). SGLang keeps the best
+    ``num_draft_tokens - 1`` of those nodes and cannot keep more than exist."""
+    return 1 + topk + (steps - 1) * topk * topk
 
 
 def _pos_int(name: str, value: object) -> None:
@@ -53,7 +60,7 @@ class SpecSettings:
         _pos_int("speculative_num_steps", self.speculative_num_steps)
         _pos_int("speculative_eagle_topk", self.speculative_eagle_topk)
         steps, k = self.speculative_num_steps, self.speculative_eagle_topk
-        most = 1 + k + (steps - 1) * k * k  # root + every node scored
+        most = max_draft_tokens(steps, k)
         n = self.speculative_num_draft_tokens
         if n is None:
             n = steps + 1 if k == 1 else min(most, 8)

@@ -155,6 +155,50 @@ def test_unsupported_target_and_parallel_setups_are_refused(tmp_path):
                      tiny_target(), NO_ENV)
 
 
+def _tree(draft, steps: int, topk: int, n: int) -> LaunchArgs:
+    return LaunchArgs("EAGLE3", str(draft), num_steps=steps, topk=topk, num_draft_tokens=n)
+
+
+def test_more_draft_tokens_than_the_tree_proposes_is_refused(tmp_path):
+    # SGLang keeps the best n - 1 of the k + (steps-1)*k*k nodes its draft scores:
+    # 1 step, top-k 2 scores 2 nodes, so n = 3 is the most (16 crashed its scheduler).
+    draft = write_draft(tmp_path / "d")
+    with pytest.raises(ServingError) as err:
+        check_launch(_tree(draft, 1, 2, 16), tiny_target(), NO_ENV)
+    assert str(err.value) == (
+        "eagle3_backend refuses to start: --speculative-num-draft-tokens 16 with "
+        "--speculative-num-steps 1 --speculative-eagle-topk 2; a draft tree of 1 step(s) with "
+        "top-k 2 proposes at most 2 tokens, so a verify step holds at most 3 (the root + 2). "
+        "SGLang would load every weight and then stop at the first decode ('selected index k "
+        "out of range'). Lower --speculative-num-draft-tokens to 3 or less, or raise "
+        "--speculative-num-steps or --speculative-eagle-topk.")
+    with pytest.raises(ServingError, match=r"proposes at most 10 tokens, .* at most 11 "):
+        check_launch(_tree(draft, 3, 2, 12), tiny_target(), NO_ENV)
+
+
+def test_fewer_draft_tokens_than_the_accepted_path_is_refused(tmp_path):
+    # a tree verify can accept steps + 1 tokens and SGLang moves them into the request's
+    # num_draft_tokens slots: 3 steps, top-k 4, 2 tokens crashed its scheduler at warm-up
+    draft = write_draft(tmp_path / "d")
+    with pytest.raises(ServingError) as err:
+        check_launch(_tree(draft, 3, 4, 2), tiny_target(), NO_ENV)
+    assert str(err.value) == (
+        "eagle3_backend refuses to start: --speculative-num-draft-tokens 2 with "
+        "--speculative-num-steps 3 --speculative-eagle-topk 4; SGLang's tree verify lays the "
+        "accepted path (up to steps + 1 = 4 tokens) into each request's 2 draft-token slots, "
+        "so it needs at least 4. SGLang would load every weight and then stop at the first "
+        "verify (a tensor size mismatch). Raise --speculative-num-draft-tokens to 4 or more, "
+        "or lower --speculative-num-steps to 1.")
+
+
+@pytest.mark.parametrize("steps, topk, n", [(1, 2, 3), (3, 2, 11), (3, 8, 16), (5, 4, 8), (3, 4, 4),
+                                            (1, 8, 2), (3, 1, 8), (3, None, 16)])
+def test_tree_sizes_sglang_can_verify_pass(tmp_path, steps, topk, n):
+    # (3, 1, 8): SGLang resizes a chain to steps + 1 itself; None: not resolved, not judged
+    draft = write_draft(tmp_path / "d")
+    assert check_launch(_tree(draft, steps, topk, n), tiny_target(), NO_ENV) is not None
+
+
 def test_problems_are_reported_together(tmp_path):
     draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"],
                         fc_in=2 * HIDDEN, vocab=32000)

@@ -62,6 +62,24 @@ def test_refused_before_loading_weights(case, tmp_path, tiny_target_dir, server_
     assert WEIGHTS not in run.output
 
 
+def test_tree_larger_than_the_draft_proposes_is_refused_before_weights(tmp_path, tiny_target_dir,
+                                                                      server_env):
+    # the resolved flags reach the check from SGLang's own ServerArgs; without the check the
+    # launch loaded every weight and its scheduler died on 'selected index k out of range'
+    draft = write_draft(tmp_path / "draft")
+    run = launch_server(["--model-path", str(tiny_target_dir), "--speculative-algorithm", "EAGLE3",
+                         "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "1",
+                         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "16",
+                         "--dtype", "float32"],
+                        server_env, tmp_path / "server.log", timeout=REFUSAL_TIMEOUT)
+    assert run.returncode not in (None, 0), run.output[-3000:]
+    assert ("eagle3_backend.errors.ServingError: eagle3_backend refuses to start: "
+            "--speculative-num-draft-tokens 16 with --speculative-num-steps 1 "
+            "--speculative-eagle-topk 2;") in run.output, run.output[-3000:]
+    assert "verify step holds at most 3 (the root + 2)" in run.output
+    assert WEIGHTS not in run.output
+
+
 def test_unrecorded_layout_starts_with_the_default_said_loudly(tmp_path, tiny_target_dir, server_env):
     draft = write_draft(tmp_path / "draft", layout=None)
     run = launch_server(["--model-path", str(tiny_target_dir), "--speculative-algorithm", "EAGLE3",
