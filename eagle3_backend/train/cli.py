@@ -257,7 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
         train_draft,
     )
     from eagle3_backend.train.vocab import build_vocab_map, token_counts
-    from eagle3_backend.verify.report import environment
+    from eagle3_backend.verify.report import environment, write_text_atomic
 
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
@@ -348,7 +348,9 @@ def run_train(args: argparse.Namespace) -> int:
         "minutes_budget": args.minutes,
         **environment(),
     }
-    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    # The report marks a finished run (`make draft` reuses a DIR that has one): written last,
+    # atomically.
+    write_text_atomic(out / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     _print_summary(report)
     return 0
 

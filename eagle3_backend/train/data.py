@@ -34,6 +34,7 @@ import torch
 
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
+from eagle3_backend.verify.report import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -353,9 +354,7 @@ def save_data(data: TrainingData, directory: str | Path) -> Path:
     save_file(tensors, str(tmp))
     tmp.replace(d / "data.safetensors")
     # meta.json marks the folder complete (see _get_data): written last, and atomically
-    tmp_meta = d / "meta.json.tmp"
-    tmp_meta.write_text(json.dumps(meta, indent=1), encoding="utf-8")
-    tmp_meta.replace(d / "meta.json")
+    write_text_atomic(d / "meta.json", json.dumps(meta, indent=1))
     return d
 
 

@@ -200,14 +200,21 @@ def write_results(name: str, payload: Mapping[str, Any], settings: Mapping[str, 
     _check_not_foreign(path)
     doc = {"name": name, "settings": dict(settings), "results": dict(payload),
            "environment": environment()}
-    tmp = out / f".{name}.json.tmp-{os.getpid()}"
+    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    logger.info("wrote %s", path)
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory,
+    renamed into place: an interrupted write leaves the old file or none, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n",
-                       encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    logger.info("wrote %s", path)
     return path
 
 

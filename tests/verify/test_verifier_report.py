@@ -100,3 +100,15 @@ def test_results_never_overwrite_a_file_that_is_not_results(tmp_path):
     write_results("run", {"a": 2}, {}, tmp_path)
     assert json.loads((tmp_path / "run.json").read_text())["results"] == {"a": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "notes.json", "run.json"]
+
+
+def test_write_text_atomic_replaces_whole_or_not_at_all(tmp_path):
+    from eagle3_backend.verify.report import write_text_atomic
+
+    path = tmp_path / "report.json"
+    assert write_text_atomic(path, '{"a": 1}\n') == path
+    assert path.read_text(encoding="utf-8") == '{"a": 1}\n'
+    with pytest.raises(UnicodeEncodeError):  # fails halfway through the write
+        write_text_atomic(path, '{"b": "' + "x" * 10_000 + '\ud800"}')
+    assert path.read_text(encoding="utf-8") == '{"a": 1}\n', "the old file must survive a failed write"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"], "no temporary file left behind"
