@@ -15,6 +15,7 @@ import ast
 import collections
 import inspect
 import re
+import types
 
 import pytest
 
@@ -86,12 +87,7 @@ _VERIFY_TYPES = {
 }
 
 
-class _Single:
-    num_warps = 1
-    num_stages = 1
-
-    def __repr__(self) -> str:
-        return "one warp"
+_ONE_WARP = types.SimpleNamespace(num_warps=1, num_stages=1)  # the verify kernel's only launch shape
 
 
 def _variants():
@@ -99,7 +95,7 @@ def _variants():
         extra = f"-K{consts['NUM_SOURCES']}" if name == "fused_fc" else ""
         yield pytest.param(name, body, types, consts, config, id=f"{name}-{_config_id(config)}{extra}")
     yield pytest.param("verify_tree_greedy", triton_verify._verify_tree_greedy_kernel, _VERIFY_TYPES, {},
-                       _Single(), id="verify_tree_greedy")
+                       _ONE_WARP, id="verify_tree_greedy")
 
 
 def _config_id(config) -> str:
@@ -107,7 +103,7 @@ def _config_id(config) -> str:
         return f"block{config.block_h}-warps{config.num_warps}"
     if hasattr(config, "block_m"):
         return f"{config.block_m}x{config.block_n}x{config.block_k}-stages{config.num_stages}"
-    return "single"
+    return "one-warp"
 
 
 _COMPILED: dict = {}
