@@ -255,19 +255,22 @@ def all_sources(num_layers: int) -> Layout:
     return Layout.of_layers(range(num_layers + 1))
 
 
-def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any]) -> DoctorReport:
+def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *,
+             loaded: Any = None) -> DoctorReport:
     """Score the draft at ``draft_path`` under its recorded layout and the candidates.
 
     target: the loaded :class:`eagle3_backend.verify.targets.Target` the states came
-    from; states: :func:`collect_states` of it (reusable across drafts).
+    from; states: :func:`collect_states` of it (reusable across drafts); loaded: the
+    checkpoint already read by ``load_draft`` against this target (else read here).
     """
     from eagle3_backend.checkpoint import load_draft
     from eagle3_backend.target import TargetInfo
     from eagle3_backend.verify.engine import attach_draft, load_draft_model
 
-    info = TargetInfo.from_path(target.path)
-    loaded = load_draft(draft_path, target=info)
-    draft = attach_draft(load_draft_model(draft_path, target, dtype=torch.float32), target)
+    if loaded is None:
+        loaded = load_draft(draft_path, target=TargetInfo.from_path(target.path))
+    draft = attach_draft(load_draft_model(draft_path, target, dtype=torch.float32, loaded=loaded),
+                         target)
     candidates = candidate_layouts(draft.config.layout, target.num_layers)
     sources = all_sources(target.num_layers)
     scorer = _Scorer(draft, states, sources, ACCEPT_STEPS)
@@ -298,6 +301,7 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any]) -> Doct
 # -------------------------------------------------------------------------------- CLI
 def add_doctor_parser(subparsers: Any) -> Any:
     from eagle3_backend.verify.datasets import FILE_HELP
+    from eagle3_backend.verify.targets import allow_pickle_help
 
     p = subparsers.add_parser(
         "doctor", help="find train/serve wiring mismatches: which hidden states the draft fits",
@@ -333,10 +337,7 @@ def add_doctor_parser(subparsers: Any) -> Any:
                    help="seconds each request to --url may take (default 300)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("--plot", metavar="PNG", default=None, help="also draw the scores as a bar chart")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="accept a target whose weights are .bin/.pt pickle files (read with "
-                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
-                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
+    p.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help(True))
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_doctor)
     return p
@@ -371,8 +372,9 @@ def run_doctor(args: Any) -> int:
     from eagle3_backend.checkpoint import load_draft
     from eagle3_backend.target import TargetInfo
 
-    # a wrong DRAFT (a target dir, a mismatched checkpoint) is reported now, not after the run
-    load_draft(args.draft, target=TargetInfo.from_path(target.path))
+    # a wrong DRAFT (a target dir, a mismatched checkpoint) is reported now, not after the
+    # run; read once, used by both checks below
+    loaded = load_draft(args.draft, target=TargetInfo.from_path(target.path))
     run = {"dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
            "chat_template": not args.no_chat_template}
     report = serve = None
@@ -380,7 +382,7 @@ def run_doctor(args: Any) -> int:
         states = collect_states(target, prompts, max_new_tokens=args.max_new_tokens,
                                 chat_template=not args.no_chat_template,
                                 progress=not args.no_progress)
-        report = diagnose(args.draft, target, states)
+        report = diagnose(args.draft, target, states, loaded=loaded)
         report.extra.update(run)
     if args.url:
         from eagle3_backend.serve_check import check_server
@@ -388,7 +390,7 @@ def run_doctor(args: Any) -> int:
         serve = check_server(args.url, args.draft, target, prompts,
                              max_new_tokens=args.max_new_tokens,
                              chat_template=not args.no_chat_template, timeout_s=args.timeout,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, loaded=loaded)
     if args.json:
         out = report.as_dict() if report is not None else {"draft": str(args.draft),
                                                              "target": str(target.path), **run}

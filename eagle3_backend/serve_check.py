@@ -216,11 +216,12 @@ def _same_path(a: str | None, b: str | Path) -> bool | None:
 def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequence[Any], *,
                  max_new_tokens: int = 48, chat_template: bool = True,
                  max_prompt_tokens: int = 512, timeout_s: float = 300.0,
-                 progress: bool = False) -> ServeReport:
+                 progress: bool = False, loaded: Any = None) -> ServeReport:
     """Served vs offline acceptance of ``draft_path`` on ``target`` over ``prompts``.
 
     target: a loaded :class:`eagle3_backend.verify.targets.Target` (the one the server
-    should run); prompts: :class:`eagle3_backend.verify.datasets.Prompt` objects.
+    should run); prompts: :class:`eagle3_backend.verify.datasets.Prompt` objects; loaded:
+    the checkpoint already read by ``load_draft`` against this target (else read here).
     """
     from eagle3_backend.verify.bench import fetch_server_info
     from eagle3_backend.verify.datasets import encode_prompts
@@ -248,7 +249,8 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
             raise Eagle3Error(f"the server at {url} returned no {field_name} for prompt(s) "
                               f"{missing[:3]}: {why}.")
 
-    engine = SpeculativeEngine(target, load_draft_model(draft_path, target), SpecSettings(**settings))
+    engine = SpeculativeEngine(target, load_draft_model(draft_path, target, loaded=loaded),
+                                SpecSettings(**settings))
     bar = None
     if progress:
         from tqdm import tqdm

@@ -219,16 +219,20 @@ def verify_greedy(tree: DraftTree, target_predict: torch.Tensor) -> tuple[list[i
 # --------------------------------------------------------------------------- draft side
 def load_draft_model(path: str | Path, target: Target | None = None,
                      device: str | torch.device = "cpu",
-                     dtype: torch.dtype | None = None) -> Eagle3DraftModel:
+                     dtype: torch.dtype | None = None, *,
+                     loaded: Any = None) -> Eagle3DraftModel:
     """Read a draft checkpoint (any format :func:`eagle3_backend.checkpoint.load_draft`
     reads) into an :class:`Eagle3DraftModel`. ``target`` supplies the architecture and
-    layer count a checkpoint may not record."""
+    layer count a checkpoint may not record. ``loaded``: the checkpoint at ``path`` already
+    read by ``load_draft`` against this target (not read again; the model gets its own
+    copy of the weights)."""
     from eagle3_backend.checkpoint import load_draft
     from eagle3_backend.errors import CheckpointError
     from eagle3_backend.target import TargetInfo
 
-    info = TargetInfo.from_path(target.path) if target is not None else None
-    loaded = load_draft(path, target=info)
+    if loaded is None:
+        info = TargetInfo.from_path(target.path) if target is not None else None
+        loaded = load_draft(path, target=info)
     model = Eagle3DraftModel(loaded.config)
     missing, unexpected = model.load_state_dict(dict(loaded.state_dict), strict=False)
     if missing or unexpected:
