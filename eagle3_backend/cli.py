@@ -296,6 +296,8 @@ def cmd_make_demo_draft(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    from eagle3_backend.checkpoint.files import force_help
+
     p = argparse.ArgumentParser(
         prog="eagle3",
         description="EAGLE-3 draft checkpoints: inspect, convert, validate against a target.",
@@ -326,10 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dst", metavar="DST", help="new or empty output directory")
     sp.add_argument("--to", choices=("sglang", "speculators"), required=True)
     sp.add_argument("--target", metavar="T", help="target config.json, model dir or GGUF")
-    sp.add_argument("--force", action="store_true",
-                    help="replace an existing DST that holds only a draft checkpoint "
-                         "(config.json, *.safetensors, train_report.json); refused if "
-                         "it holds other files or the input")
+    sp.add_argument("--force", action="store_true", help=force_help("DST"))
     sp.add_argument("--layout", metavar="LAYOUT",
                     help="record this layout for the fc slots, in their current order, instead of "
                          "the one read from SRC (e.g. the layout `eagle3 doctor` found)")
@@ -355,10 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--draft-vocab-size", type=int, default=8192)
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    sp.add_argument("--force", action="store_true",
-                    help="replace an existing OUT that holds only a draft checkpoint "
-                         "(config.json, *.safetensors, train_report.json); refused if "
-                         "it holds other files or the input")
+    sp.add_argument("--force", action="store_true", help=force_help("OUT"))
     sp.set_defaults(func=cmd_make_demo_draft)
 
     from eagle3_backend.verify.cli import add_bench_parser, add_eval_parser

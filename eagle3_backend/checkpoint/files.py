@@ -183,6 +183,12 @@ OWN_NAMES = frozenset({CONFIG_NAME, SAFETENSORS_INDEX, "generation_config.json",
 OWN_SUFFIXES = (".safetensors",) + PICKLE_SUFFIXES
 
 
+def force_help(metavar: str) -> str:
+    """The ``--force`` help of every command that writes a checkpoint (see check_destination)."""
+    return (f"replace an existing {metavar} that holds only a draft checkpoint (config.json, "
+            "*.safetensors, train_report.json); refused if it holds other files or the input")
+
+
 def _foreign_entries(dst: Path) -> list[str]:
     """Entries of ``dst`` that are not checkpoint files (subdirectories, links, other files)."""
     return sorted(p.name for p in dst.iterdir()

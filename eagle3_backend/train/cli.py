@@ -43,6 +43,9 @@ RESERVE_SHARE = 0.04   # of --minutes kept for the held-out pass and writing
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from eagle3_backend.checkpoint.files import force_help
+    from eagle3_backend.verify.targets import allow_pickle_help
+
     p = subparsers.add_parser(
         "train", help="train an EAGLE-3 draft on the target's own answers (SGLang checkpoint)",
         description="Generate the target's greedy answers to chat prompts while capturing the "
@@ -55,10 +58,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"sharegpt | {FILE_HELP} (default sharegpt; MT-Bench questions are "
                         "always excluded)")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty checkpoint directory")
-    p.add_argument("--force", action="store_true",
-                   help="replace an existing DIR that holds only a draft checkpoint "
-                        "(config.json, *.safetensors, train_report.json); refused if "
-                        "it holds other files or the input")
+    p.add_argument("--force", action="store_true", help=force_help("DIR"))
     p.add_argument("--layout", default=None,
                    help="hidden-state layout, e.g. \"[embed, layer_input:15]\" (default: SGLang's "
                         "default for the target)")
@@ -100,23 +100,13 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: safest on a shared machine)")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="accept a target whose weights are .bin/.pt pickle files (read with "
-                        "torch.load(weights_only=True)); refused by default")
+    p.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help(False))
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_train)
     return p
 
 
 # --------------------------------------------------------------------------- pieces
-def _check_out(out: Path, force: bool, sources: list[Any]) -> None:
-    """Refuse --out before any work when the checkpoint could not be written there at the
-    end (not empty without --force, other files in it, the target or data cache in it)."""
-    from eagle3_backend.checkpoint.files import check_destination
-
-    check_destination(out, force, sources)
-
-
 def _mtbench_texts() -> set[str]:
     from eagle3_backend.verify.datasets import DatasetError, read_mtbench
 
@@ -242,6 +232,7 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from eagle3_backend.checkpoint import LoadedDraft, load_draft, save_sglang
+    from eagle3_backend.checkpoint.files import check_destination
     from eagle3_backend.layout import Layout
     from eagle3_backend.target import TargetInfo, bundled_target_path
     from eagle3_backend.train.trainer import (
@@ -275,7 +266,9 @@ def run_train(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     target_path = (bundled_target_path() if args.target in (None, "bundled")
                    else Path(args.target))
-    _check_out(out, args.force, [target_path, args.cache_data])
+    # before any work: the checkpoint could not be written there at the end (not empty
+    # without --force, other files in it, the target or the data cache in it)
+    check_destination(out, args.force, [target_path, args.cache_data])
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,

@@ -64,6 +64,8 @@ def _output_args(p: argparse.ArgumentParser, kind: str) -> None:
 
 # --------------------------------------------------------------------------- eval
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from eagle3_backend.verify.targets import allow_pickle_help
+
     p = subparsers.add_parser(
         "eval", help="offline: acceptance length and tok/s of a draft vs the target alone",
         description="Run the target alone and target + draft (speculative) on the same prompts "
@@ -80,10 +82,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="accept a target whose weights are .bin/.pt pickle files (read with "
-                        "torch.load(weights_only=True)); refused by default. A pickle draft: "
-                        "`eagle3 convert DRAFT OUT --to sglang --allow-pickle` first")
+    p.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help(True))
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode the raw user text (default: the target tokenizer's chat template)")
     _output_args(p, "eval")

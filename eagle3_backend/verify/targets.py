@@ -125,6 +125,14 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def allow_pickle_help(takes_draft: bool) -> str:
+    """The ``--allow-pickle`` help of commands that load a target (eval, doctor, train)."""
+    text = ("accept a target whose weights are .bin/.pt pickle files (read with "
+            "torch.load(weights_only=True)); refused by default")
+    return text + (". A pickle draft: `eagle3 convert DRAFT OUT --to sglang --allow-pickle` first"
+                   if takes_draft else "")
+
+
 def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
     """from_pretrained kwargs that keep transformers off pickle weights unless allowed."""
     if any(model_dir.glob("*.safetensors")):
