@@ -100,8 +100,9 @@ def _safetensors_files(ckpt: Path) -> list[Path]:
     return sorted(ckpt.glob("*.safetensors"))
 
 
-def _pickle_files(ckpt: Path) -> list[Path]:
-    return sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
+def pickle_files(directory: Path) -> list[Path]:
+    """The pickle weight files (.bin/.pt/.pth) directly in ``directory``, sorted."""
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
 
 
 def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -138,7 +139,7 @@ def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torc
                 add(name, tensor, path)
         return tensors, [p.name for p in files]
 
-    pickles = _pickle_files(ckpt)
+    pickles = pickle_files(ckpt)
     if not pickles:
         raise CheckpointError(
             f"{ckpt}: no weights found; expected model.safetensors (or sharded *.safetensors). "

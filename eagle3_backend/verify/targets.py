@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from eagle3_backend.checkpoint.files import PICKLE_SUFFIXES
+from eagle3_backend.checkpoint.files import pickle_files
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
 from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path
@@ -137,8 +137,7 @@ def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
     """from_pretrained kwargs that keep transformers off pickle weights unless allowed."""
     if any(model_dir.glob("*.safetensors")):
         return {"use_safetensors": True}
-    pickles = sorted(f.name for f in model_dir.iterdir()
-                     if f.is_file() and f.suffix in PICKLE_SUFFIXES and f.name != "training_args.bin")
+    pickles = [f.name for f in pickle_files(model_dir) if f.name != "training_args.bin"]
     if pickles and not allow_pickle:
         raise TargetError(
             f"target {str(model_dir)!r} has its weights only in pickle file(s) "
