@@ -41,6 +41,17 @@ TINY_LAYOUT = "[layer_input:2, layer_input:15, layer_input:27]"  # SGLang defaul
 _KEEP = object()
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test, the caller's count restored after: on a loaded
+    2-core machine two OpenMP threads spin against each other and a 135M forward goes
+    from 0.1 s to several seconds. tests/train and tests/verify use it for every test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
