@@ -368,7 +368,7 @@ def run_doctor(args: Any) -> int:
     device = resolve_device(args.device)
     prompts = load_prompts(args.dataset, limit=args.limit)  # a wrong --dataset before the target
     target = load_target(args.target, dtype=args.dtype, device=device,
-                         allow_pickle=args.allow_pickle)
+                         allow_pickle=args.allow_pickle, progress=not args.no_progress)
     from eagle3_backend.checkpoint import load_draft
     from eagle3_backend.target import TargetInfo
 

@@ -160,7 +160,8 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
 
     prompts, excluded = _prompts(args.dataset, args.seed)  # a wrong --dataset before the target
     t0 = time.perf_counter()
-    target = load_target(target_path, "float32", "cpu", allow_pickle=args.allow_pickle)
+    target = load_target(target_path, "float32", "cpu", allow_pickle=args.allow_pickle,
+                         progress=not args.no_progress)
     load_s = time.perf_counter() - t0
     data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,
                          num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,

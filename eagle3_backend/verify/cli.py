@@ -115,7 +115,8 @@ def run_eval(args: argparse.Namespace) -> int:
     files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
     dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle)
+    target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle,
+                         progress=not args.no_progress)
     draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
     result = evaluate(target, draft, prompts, settings, args.max_new_tokens, args.temperature,
                       args.seed, baseline=not args.no_baseline,

@@ -18,11 +18,13 @@ order): ``[B, T, K*H]``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -170,18 +172,45 @@ def _refuse_draft(model_dir: Path) -> None:
         )
 
 
+@contextlib.contextmanager
+def transformers_progress(enabled: bool) -> Iterator[None]:
+    """transformers' progress bars on or off for the block, its setting restored after.
+
+    Off covers its shard-loading bar (``transformers.utils.logging``) and the GGUF
+    de-quantizing bar, which calls ``tqdm`` directly and so ignores that switch.
+    """
+    if enabled:
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    bar = gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_target(
     path: "str | Path | None" = None,
     dtype: "str | torch.dtype" = "float32",
     device: "str | torch.device" = "cpu",
     allow_pickle: bool = False,
+    progress: bool = True,
 ) -> Target:
     """Load a transformers causal LM from a model dir or a ``.gguf`` file.
 
     ``path=None`` or ``"bundled"`` loads the bundled SmolLM2-135M-Instruct GGUF. A model
     dir is read from its safetensors only; one whose weights are pickle files
     (``pytorch_model.bin``, ``.pt``) is refused unless ``allow_pickle`` (then transformers
-    reads them with ``torch.load(weights_only=True)``).
+    reads them with ``torch.load(weights_only=True)``). ``progress=False`` hides
+    transformers' loading bars (see :func:`transformers_progress`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -218,8 +247,9 @@ def load_target(
             kwargs.update(_weights_kwargs(p, allow_pickle))
     logger.info("loading target %s (%s) on %s", p, torch_dtype, device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
+        with transformers_progress(progress):
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError) as exc:
         why = str(exc).strip().rstrip(".") or type(exc).__name__
         raise TargetError(

@@ -138,3 +138,32 @@ def test_pickle_target_weights_are_refused_unless_allowed(tiny_target_dir, tmp_p
                                           r"weights_only=True\) \(Weights only load failed"):
         load_target(pk, allow_pickle=True)
     assert not marker.exists()
+
+
+def test_transformers_progress_off_hides_the_gguf_bar_and_restores_it(capfd):
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    from eagle3_backend.verify.targets import transformers_progress
+
+    def bar_output() -> str:
+        for _ in gguf_utils.tqdm(range(3), desc="de-quantizing probe"):
+            pass
+        return capfd.readouterr().err
+
+    assert "de-quantizing probe" in bar_output()  # the probe shows a bar when left alone
+    bar = gguf_utils.tqdm
+    with transformers_progress(False):
+        assert bar_output() == ""
+        assert not hf_logging.is_progress_bar_enabled()
+    assert gguf_utils.tqdm is bar and hf_logging.is_progress_bar_enabled()
+    with transformers_progress(True):
+        assert "de-quantizing probe" in bar_output()
+
+
+def test_load_target_without_progress_prints_no_bar(capfd):
+    """The bundled GGUF de-quantizes with transformers' own tqdm bar unless told not to."""
+    target = load_target("bundled", "float32", "cpu", progress=False)
+    assert target.num_layers == 30
+    err = capfd.readouterr().err
+    assert "de-quantizing" not in err and "it/s]" not in err, err[-500:]
