@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -510,6 +511,75 @@ def test_force_replaces_only_a_checkpoint_directory(tiny_draft, tmp_path, monkey
         save_sglang(draft, link)
     assert link.is_symlink() and list(other.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "home", "link", "other", "src"]
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+import torch
+from eagle3_backend.checkpoint import files
+
+dst, when = sys.argv[1], sys.argv[2]
+if when == "saving":        # SIGKILL halfway through writing the weights
+    def save_file(tensors, path, metadata=None):
+        open(path, "wb").write(b"half")
+        os.kill(os.getpid(), signal.SIGKILL)
+    import safetensors.torch
+    safetensors.torch.save_file = save_file
+else:                       # SIGKILL between moving the old checkpoint aside and the new in
+    rename, calls = os.rename, []
+    def killing_rename(a, b):
+        calls.append(a)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        rename(a, b)
+    files.os.rename = killing_rename
+files.write_checkpoint(dst, {"new": True}, {"w": torch.ones(2)}, force=True)
+"""
+
+
+def _killed_write(dst, when: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(dst), when],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+def test_next_write_clears_what_a_killed_write_left(tiny_draft, tmp_path, caplog):
+    """A SIGKILLed write leaves its temporary dir; the next write to the same place removes
+    it, and puts back a checkpoint that a killed --force write had already moved aside."""
+    import socket
+
+    draft = tiny_draft()
+    dst = tmp_path / "dst"
+    _killed_write(dst, "saving")
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".dst.tmp-"), left
+    # a live writer's dir (this process) and another machine's are not touched
+    live = tmp_path / f".dst.tmp-{os.getpid()}@{socket.gethostname()}-abcd1234"
+    remote = tmp_path / ".dst.tmp-1@some-other-host-abcd1234"
+    live.mkdir()
+    remote.mkdir()
+    with caplog.at_level("WARNING", logger="eagle3_backend.checkpoint.files"):
+        save_sglang(draft, dst)
+    assert f"removed {tmp_path / left[0]}, left by a write to {dst} that was killed" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["dst", live.name, remote.name])
+    live.rmdir()
+    remote.rmdir()
+
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    _killed_write(dst, "replacing")
+    assert not dst.exists()  # killed after the old checkpoint moved aside
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == [".dst.old", ".dst.tmp"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="eagle3_backend.checkpoint.files"):
+        with pytest.raises(CheckpointError, match=r"is not empty; refusing to overwrite"):
+            save_sglang(draft, dst)  # the restored checkpoint is not replaced without --force
+    assert f"restored {dst} from {tmp_path}/.dst.old-" in caplog.text
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["dst"]
 
 
 def test_writer_needs_the_target(tiny_draft, tmp_path):

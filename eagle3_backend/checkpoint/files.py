@@ -5,7 +5,9 @@ arbitrary code when loaded, so they are refused unless the caller passes
 ``allow_pickle=True``, and then read with ``torch.load(weights_only=True)``.
 Writes go to a temporary directory next to the destination that is renamed
 into place at the end, so a failure never leaves a half-written checkpoint
-or destroys an existing one.
+or destroys an existing one. The temporary names carry the writer's pid and
+host; the next write to the same destination removes what a killed writer
+(SIGKILL, power loss) left behind.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -209,8 +213,13 @@ def check_destination(dst: str | os.PathLike[str], force: bool,
     must not be a symbolic link, and may be non-empty only with ``force`` and only when it
     holds nothing but checkpoint files (config.json, *.safetensors, train_report.json,
     pickle weights): ``--force`` never deletes a directory of other files.
+
+    It first clears what killed writes to ``dst`` left next to it (:func:`_sweep_dead_writes`),
+    so a checkpoint a killed ``--force`` write was replacing is back in place, and checked,
+    before anything is written.
     """
     dst = Path(dst)
+    _sweep_dead_writes(dst.absolute())
     real = dst.resolve()
     for src in sources:
         if src is None:
@@ -269,7 +278,7 @@ def write_checkpoint(dst: str | os.PathLike[str], config: Mapping[str, Any],
     check_destination(dst, force, sources)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_scratch_prefix(dst, "tmp"), dir=dst.parent))
     except OSError as exc:
         raise CheckpointError(
             f"cannot create {dst}: {exc.strerror or exc} ({exc.filename or dst.parent}). Check "
@@ -296,6 +305,55 @@ def write_checkpoint(dst: str | os.PathLike[str], config: Mapping[str, Any],
     return dst
 
 
+def _scratch_prefix(dst: Path, kind: str) -> str:
+    """``.DST.tmp-PID@HOST-`` (new files) or ``.DST.old-PID@HOST-`` (the replaced checkpoint)."""
+    return f".{dst.name}.{kind}-{os.getpid()}@{socket.gethostname()}-"
+
+
+def _writer_alive(pid: int, host: str) -> bool:
+    if host != socket.gethostname():
+        return True  # another machine's writer (a shared filesystem): cannot tell, keep it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _sweep_dead_writes(dst: Path) -> None:
+    """Remove the temporary dirs of killed writes to ``dst``; keep what a live writer uses.
+
+    A ``.tmp-`` dir is an unfinished new checkpoint and is deleted. An ``.old-`` dir is the
+    checkpoint a killed write was replacing: it is never deleted, only reported (and moved
+    back when ``dst`` itself is gone, i.e. the kill came between the two renames).
+    """
+    pattern = re.compile(rf"^\.{re.escape(dst.name)}\.(tmp|old)-(\d+)@(.+)-[^-]+$")
+    try:
+        entries = list(dst.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or entry.is_symlink() or not entry.is_dir():
+            continue
+        kind, pid, host = m.group(1), int(m.group(2)), m.group(3)
+        if _writer_alive(pid, host):
+            continue
+        if kind == "tmp":
+            shutil.rmtree(entry, ignore_errors=True)
+            logger.warning("removed %s, left by a write to %s that was killed (pid %d)",
+                           entry, dst, pid)
+        elif not dst.exists():
+            os.rename(entry, dst)
+            logger.warning("restored %s from %s: a write that was replacing it was killed "
+                           "(pid %d) before the new checkpoint was in place", dst, entry, pid)
+        else:
+            logger.warning("%s holds the checkpoint a killed write (pid %d) replaced at %s; "
+                           "delete it if you do not need it", entry, pid, dst)
+
+
 def _default_permissions(tmp: Path) -> None:
     """mkdtemp makes the directory private (0700); give it the usual umask permissions."""
     umask = os.umask(0)
@@ -310,7 +368,7 @@ def _replace_dir(tmp: Path, dst: Path) -> None:
     if not dst.exists():
         os.rename(tmp, dst)
         return
-    backup = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+    backup = Path(tempfile.mkdtemp(prefix=_scratch_prefix(dst, "old"), dir=dst.parent))
     backup.rmdir()
     os.rename(dst, backup)
     try:
