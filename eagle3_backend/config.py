@@ -64,17 +64,25 @@ def _positive_float(name: str, value: Any) -> None:
 
 #: rope_scaling types this backend runs, and the keys each accepts (besides rope_type / type).
 _ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
              "attention_factor", "mscale", "mscale_all_dim"),
 }
-_YARN_ONLY = ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim")
 
 
 def _unsupported_type(kind: Any) -> Eagle3Error:
+    if kind == "dynamic":
+        return Eagle3Error(
+            "rope_scaling type 'dynamic' is not supported: SGLang 0.5.23 rotates every "
+            "position with the NTK base for max_position_embeddings x factor, while "
+            "transformers (where drafts are trained) keeps the plain base up to "
+            "max_position_embeddings, so such a draft is served other rotations than it was "
+            "trained with. Retrain it with no scaling, 'linear', 'llama3' or 'yarn'."
+        )
     return Eagle3Error(
-        f"rope_scaling type {kind!r} is not supported; expected 'llama3', 'yarn' or no "
-        "scaling. Drafts with other scaling types cannot be run by this backend."
+        f"rope_scaling type {kind!r} is not supported; expected 'linear', 'llama3', 'yarn' "
+        "or no scaling. Drafts with other scaling types cannot be run by this backend."
     )
 
 
@@ -85,7 +93,10 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """Rotary frequency scaling (HF ``rope_scaling``): ``llama3`` or ``yarn``.
+    """Rotary frequency scaling (HF ``rope_scaling``): ``linear``, ``llama3`` or ``yarn``.
+
+    linear (``rope_type: linear``): every frequency divided by ``factor`` (positions
+    interpolated), as transformers and SGLang 0.5.23 both do.
 
     llama3 (``rope_type: llama3``): wavelengths longer than
     ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``,
@@ -122,12 +133,24 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.rope_type not in _ROPE_KEYS:
             raise _unsupported_type(self.rope_type)
-        _positive_int("rope_scaling.original_max_position_embeddings",
-                      self.original_max_position_embeddings)
+        others = [k for keys in _ROPE_KEYS.values() for k in keys
+                  if k not in _ROPE_KEYS[self.rope_type] and getattr(self, k) is not None]
+        if others:
+            users = sorted(t for t, keys in _ROPE_KEYS.items() if set(others) & set(keys))
+            raise Eagle3Error(
+                f"rope_scaling of type {self.rope_type} sets {sorted(set(others))}, which only "
+                f"{' and '.join(users)} scaling uses. Remove them or set rope_type to the "
+                "scaling the draft was trained with."
+            )
+        if self.rope_type != "linear":
+            _positive_int("rope_scaling.original_max_position_embeddings",
+                          self.original_max_position_embeddings)
         if self.rope_type == "llama3":
             self._check_llama3()
-        else:
+        elif self.rope_type == "yarn":
             self._check_yarn()
+        else:  # linear; factor >= 1 as transformers expects
+            self._number("factor", 1.0, inclusive=True)
 
     def _number(self, name: str, minimum: float = 0.0, inclusive: bool = False) -> None:
         v = getattr(self, name)
@@ -142,12 +165,6 @@ class RopeScaling:
         object.__setattr__(self, name, float(v))
 
     def _check_llama3(self) -> None:
-        extra = [k for k in _YARN_ONLY if getattr(self, k) is not None]
-        if extra:
-            raise Eagle3Error(
-                f"rope_scaling of type llama3 sets {extra}, which only yarn scaling uses. "
-                "Remove them or set rope_type to the scaling the draft was trained with."
-            )
         for name in ("factor", "low_freq_factor", "high_freq_factor"):
             self._number(name)
         if self.high_freq_factor < self.low_freq_factor:
@@ -158,12 +175,6 @@ class RopeScaling:
             )
 
     def _check_yarn(self) -> None:
-        extra = [k for k in ("low_freq_factor", "high_freq_factor") if getattr(self, k) is not None]
-        if extra:
-            raise Eagle3Error(
-                f"rope_scaling of type yarn sets {extra}, which only llama3 scaling uses. "
-                "Remove them or set rope_type to the scaling the draft was trained with."
-            )
         for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0), ("truncate", True)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
@@ -236,7 +247,7 @@ class RopeScaling:
             raise _unsupported_type(kind)
         known = _ROPE_KEYS[kind]
         unknown = sorted(k for k in d if k not in known and k not in ("rope_type", "type"))
-        if unknown and kind == "yarn":  # llama3 keeps its historical leniency
+        if unknown and kind == "yarn":  # llama3 and linear: other keys ignored, as by HF
             raise Eagle3Error(
                 f"rope_scaling {dict(d)!r} of type yarn has keys {unknown} this backend does "
                 f"not implement; expected only {list(known)} (transformers' yarn keys). "
@@ -259,7 +270,8 @@ class RopeScaling:
         required = ("factor", "original_max_position_embeddings") if kind == "yarn" else known
         missing = [k for k in required if k not in args]
         if missing:
-            needs = {"llama3": "factor, low_freq_factor, high_freq_factor and "
+            needs = {"linear": "factor",
+                     "llama3": "factor, low_freq_factor, high_freq_factor and "
                                "original_max_position_embeddings",
                      "yarn": "factor and original_max_position_embeddings (or the config's "
                              "max_position_embeddings)"}[kind]

@@ -105,7 +105,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Rotary inverse frequencies [head_dim // 2], fp32, with optional llama3 or yarn scaling.
+    """Rotary inverse frequencies [head_dim // 2], fp32, with optional linear, llama3 or yarn
+    scaling.
 
     yarn also scales cos/sin by ``scaling.attention_scale`` (see :class:`Attention`).
     """
@@ -115,6 +116,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
         return inv_freq
     if scaling.rope_type == "yarn":
         return _yarn_inv_freq(head_dim, theta, scaling)
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
     old_len = scaling.original_max_position_embeddings
     low_wavelen = old_len / scaling.low_freq_factor    # longer than this: fully scaled
     high_wavelen = old_len / scaling.high_freq_factor  # shorter than this: kept

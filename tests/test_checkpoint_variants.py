@@ -387,20 +387,27 @@ def test_unsupported_rope_type_is_refused_with_its_type(tmp_path, modelopt_weigh
     with pytest.raises(CheckpointError) as err:
         load_draft(src, target=GPT_OSS)
     assert str(err.value) == (
-        f"{src}/config.json: rope_scaling type 'longrope' is not supported; expected 'llama3', "
-        f"'yarn' or no scaling. Drafts with other scaling types cannot be run by this backend.")
+        f"{src}/config.json: rope_scaling type 'longrope' is not supported; expected 'linear', "
+        f"'llama3', 'yarn' or no scaling. Drafts with other scaling types cannot be run by this "
+        f"backend.")
 
 
+#: DeepSeek-style yarn keys (mscale, mscale_all_dim) and no original length: it is taken
+#: from max_position_embeddings and written explicitly; the rest comes back as it went in.
+_YARN_ROPE = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
+              "truncate": True, "mscale": 1.0, "mscale_all_dim": 0.8}
+
+
+@pytest.mark.parametrize("rope, read", [
+    (_YARN_ROPE, {**_YARN_ROPE, "original_max_position_embeddings": 256}),
+    ({"type": "linear", "factor": 2}, {"rope_type": "linear", "factor": 2.0}),
+], ids=["yarn", "linear"])
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
-def test_yarn_rope_round_trips_through_convert(make_draft_checkpoint, tiny_target_config,
-                                               tmp_path, fmt):
-    # DeepSeek-style keys (mscale, mscale_all_dim) and no original length: it is taken from
-    # max_position_embeddings, written explicitly, and the rest comes back as it went in.
-    rope = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
-            "truncate": True, "mscale": 1.0, "mscale_all_dim": 0.8}
+def test_scaled_rope_round_trips_through_convert(make_draft_checkpoint, tiny_target_config,
+                                                 tmp_path, fmt, rope, read):
     src = make_draft_checkpoint("sglang", rope_scaling=rope, max_position_embeddings=256)
     d = load_draft(src)
-    assert d.config.rope_scaling.to_dict() == {**rope, "original_max_position_embeddings": 256}
+    assert d.config.rope_scaling.to_dict() == read
     target = tiny_target_config()
     dst = tmp_path / f"out-{fmt}"
     assert main(["convert", str(src), str(dst), "--to", fmt, "--target", str(target)]) == 0

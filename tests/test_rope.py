@@ -1,4 +1,5 @@
-"""YaRN rope scaling (eagle3_backend/config.py RopeScaling, model.py rope_inv_freq).
+"""YaRN and linear rope scaling (eagle3_backend/config.py RopeScaling, model.py
+rope_inv_freq).
 
 References, each compared at the stated tolerance:
 
@@ -109,9 +110,15 @@ def test_yarn_original_length_falls_back_to_max_position_embeddings():
 
 @pytest.mark.parametrize("d, message", [
     ({"rope_type": "longrope", "factor": 4.0},
-     "rope_scaling type 'longrope' is not supported; expected 'llama3', 'yarn' or no scaling. "
-     "Drafts with other scaling types cannot be run by this backend."),
-    ({"rope_type": "dynamic", "factor": 4.0}, "rope_scaling type 'dynamic' is not supported"),
+     "rope_scaling type 'longrope' is not supported; expected 'linear', 'llama3', 'yarn' or "
+     "no scaling. Drafts with other scaling types cannot be run by this backend."),
+    ({"rope_type": "dynamic", "factor": 4.0},
+     "rope_scaling type 'dynamic' is not supported: SGLang 0.5.23 rotates every position with "
+     "the NTK base for max_position_embeddings x factor, while transformers (where drafts are "
+     "trained) keeps the plain base up to max_position_embeddings"),
+    ({"type": "linear"}, "is of type linear but lacks ['factor']; linear scaling needs factor."),
+    ({"type": "linear", "factor": 0.5},
+     "rope_scaling.factor must be a number >= 1 for linear scaling, got 0.5."),
     ({"rope_type": "yarn", "original_max_position_embeddings": 4096},
      "is of type yarn but lacks ['factor']; yarn scaling needs factor and "
      "original_max_position_embeddings (or the config's max_position_embeddings)."),
@@ -150,6 +157,52 @@ def test_scaling_fields_of_the_other_type_are_refused():
         RopeScaling(8.0, 1.0, 4.0, 8192, beta_fast=32.0)
     with pytest.raises(Eagle3Error, match=r"type yarn sets \['low_freq_factor'\], which only llama3"):
         RopeScaling(8.0, 1.0, original_max_position_embeddings=8192, rope_type="yarn")
+    with pytest.raises(Eagle3Error, match=r"type linear sets \['beta_slow', 'low_freq_factor'\], "
+                                          r"which only llama3 and yarn scaling uses"):
+        RopeScaling(2.0, 1.0, rope_type="linear", beta_slow=1.0)
+
+
+# ------------------------------------------------------------------ linear
+#: a Llama-2-style linear interpolation (factor 4 stretches 4096 positions to 16384).
+LINEAR = dict(head_dim=128, theta=10000.0, max_pos=4096, scaling={"type": "linear", "factor": 4.0})
+
+
+def test_linear_config_reads_hf_dict():
+    s = RopeScaling.from_dict(LINEAR["scaling"])
+    assert s == RopeScaling(4.0, rope_type="linear")
+    assert s.to_dict() == {"rope_type": "linear", "factor": 4.0}
+    assert s.attention_scale == 1.0
+    # keys transformers' linear scaling does not read are ignored, as there
+    assert RopeScaling.from_dict({"rope_type": "linear", "factor": 2,
+                                  "original_max_position_embeddings": 4096}).to_dict() == {
+        "rope_type": "linear", "factor": 2.0}
+
+
+def test_linear_matches_transformers_and_divides_every_frequency():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    D = LINEAR["head_dim"]
+    s = RopeScaling.from_dict(LINEAR["scaling"])
+    got = rope_inv_freq(D, LINEAR["theta"], s)
+    plain = rope_inv_freq(D, LINEAR["theta"], None)
+    torch.testing.assert_close(got, plain / 4.0, rtol=0, atol=0)
+    hf = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D,
+                     rope_theta=LINEAR["theta"], rope_scaling=dict(LINEAR["scaling"]),
+                     max_position_embeddings=LINEAR["max_pos"])
+    want, scale = ROPE_INIT_FUNCTIONS["linear"](hf, "cpu")
+    assert scale == 1.0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # position 4p with factor 4 is rotated as position p without scaling
+    cfg = dict(hidden_size=2 * D, intermediate_size=64, num_attention_heads=2,
+               num_key_value_heads=2, vocab_size=50, draft_vocab_size=50,
+               target_hidden_size=2 * D, layout="[embed]", head_dim=D,
+               rope_theta=LINEAR["theta"], dtype="float32")
+    cos4, sin4 = Attention(DraftConfig(**cfg, rope_scaling=LINEAR["scaling"])).rope_cos_sin(
+        torch.tensor([[0, 4, 40, 400]]))
+    cos1, sin1 = Attention(DraftConfig(**cfg)).rope_cos_sin(torch.tensor([[0, 1, 10, 100]]))
+    torch.testing.assert_close(cos4, cos1, rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin4, sin1, rtol=0, atol=2e-6)
 
 
 # ------------------------------------------------------------------ inv_freq / scale
@@ -305,6 +358,8 @@ def test_cos_sin_match_sglang(tmp_path):
     job = [dict(kind="get_rope", positions=POSITIONS, **c) for c in CASES.values()]
     # an explicit attention_factor: SGLang does not read it (transformers would scale by 1.0)
     job.append(dict(kind="get_rope", positions=POSITIONS, **WITH_ATTENTION_FACTOR))
+    linear_positions = [0, 1, 7, 100, 4095, 4096, 16383]
+    job.append(dict(kind="get_rope", positions=linear_positions, **LINEAR))
     # the gpt-oss draft's config.json, through SGLang's config loader and LlamaForCausalLMEagle3
     draft = tmp_path / "gpt-oss-draft"
     draft.mkdir()
@@ -317,6 +372,12 @@ def test_cos_sin_match_sglang(tmp_path):
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 33]}}))
     job.append(dict(kind="model", dir=str(draft), positions=POSITIONS))
     results = _run_sglang(tmp_path, job)
+    linear = results.pop(-2)
+    assert linear["cls"] == "LinearScalingRotaryEmbedding" and linear["dtype"] == "torch.float32"
+    got = _ours(LINEAR["head_dim"], LINEAR["theta"], RopeScaling.from_dict(LINEAR["scaling"]),
+                linear_positions).double()
+    torch.testing.assert_close(got, torch.tensor(linear["rows"], dtype=torch.float64),
+                               rtol=1e-6, atol=1e-6)
 
     named = list(CASES.items()) + [("attention_factor", WITH_ATTENTION_FACTOR),
                                    ("LlamaForCausalLMEagle3", GPT_OSS)]
