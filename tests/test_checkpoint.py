@@ -387,11 +387,45 @@ def test_missing_d2t_with_smaller_draft_vocab(make_draft_checkpoint):
         load_draft(src)
 
 
+def _second_layer(norm: str, prefix: str):
+    """A tensors_hook adding decoder layer 1 (input H wide) with ``norm`` as its input norm."""
+    def hook(t):
+        H, I = 64, 128
+        layer = {"self_attn.q_proj.weight": (64, H), "self_attn.k_proj.weight": (32, H),
+                 "self_attn.v_proj.weight": (32, H), "self_attn.o_proj.weight": (H, 64),
+                 "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
+                 "mlp.down_proj.weight": (H, I), f"{norm}.weight": (H,),
+                 "post_attention_layernorm.weight": (H,)}
+        t.update({f"{prefix}layers.1.{k}": torch.ones(shape) for k, shape in layer.items()})
+    return hook
+
+
+@pytest.mark.parametrize("fmt, norm, prefix, message", [
+    ("speculators", "input_layernorm", "", "Its layers [1] normalise their input with "
+     "input_layernorm (the speculators / vLLM convention); SGLang 0.5.23 normalises layers 1+ "
+     "with hidden_norm, which they lack, so stock SGLang would serve them with an untrained "
+     "norm, a different model. Serve this draft with vLLM, or train a one-layer draft."),
+    ("sglang", "hidden_norm", "model.", "Its layers 1+ carry hidden_norm, SGLang 0.5.23's "
+     "convention, so stock SGLang can serve it (launch with SGLANG_PLUGINS set to a list "
+     "without 'eagle3'); eagle3 inspect/validate/eval/doctor cannot check it."),
+])
+def test_multi_layer_draft_is_refused_naming_its_norm_convention(make_draft_checkpoint, fmt, norm,
+                                                                 prefix, message):
+    src = make_draft_checkpoint(fmt, tensors_hook=_second_layer(norm, prefix))
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == (
+        f"{src}/model.safetensors: tensors of decoder layers [1] besides the first: a 2-layer "
+        f"draft; this backend's reference draft, checks and plugin implement one-layer EAGLE-3 "
+        f"drafts. {message}")
+
+
 # --------------------------------------------------------------------------- bad config
 @pytest.mark.parametrize("hook, match", [
     (lambda c: c.update(hidden_size="64"), r"field 'hidden_size' is '64'; expected a positive integer"),
     (lambda c: c.pop("intermediate_size"), r"required field 'intermediate_size' is missing"),
-    (lambda c: c.update(num_hidden_layers=30), r"'num_hidden_layers' is 30; expected 1"),
+    (lambda c: c.update(num_hidden_layers=30), r"'num_hidden_layers' is 30, but the weights hold "
+                                               r"one decoder layer \(no layers.1.\* tensors\)"),
     (lambda c: c.update(eagle3_layout=["layer_input:two"]), r"field 'eagle3_layout': cannot parse"),
     (lambda c: c.update(eagle3_layout="layer_input:2"), r"field 'eagle3_layout' is 'layer_input:2';"
                                                         r" expected a list"),

@@ -148,12 +148,9 @@ def build_draft_config(
     layers = arch.int("num_hidden_layers", 1)
     if layers != 1:
         raise CheckpointError(
-            f"{where}: field {arch.prefix}'num_hidden_layers' is {layers}; expected 1. This "
-            f"backend's reference draft, checks and plugin implement one-decoder-layer EAGLE-3 "
-            f"drafts. A multi-layer draft runs on stock SGLang 0.5.23 (launch it with "
-            f"SGLANG_PLUGINS set to a list without 'eagle3'); a value like 30 means this config "
-            f"is a target model's: point at the draft checkpoint. If the weights hold one layer, "
-            f"set it to 1."
+            f"{where}: field {arch.prefix}'num_hidden_layers' is {layers}, but the weights "
+            f"hold one decoder layer (no layers.1.* tensors); expected 1. A value like 30 means "
+            f"this config is a target model's: point at the draft checkpoint; else set it to 1."
         )
     if arch.bool("mlp_bias", False):
         raise CheckpointError(

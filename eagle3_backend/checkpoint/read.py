@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -295,6 +296,7 @@ def load_draft(
     tensors, notes = to_canonical(tensors_raw, weights_where)
     warnings: list[str] = list(notes)
     _refuse_qk_norm(tensors_raw, raw, weights_where)
+    _refuse_multi_layer(tensors, weights_where)
 
     rec_arch, rec_layers = _recorded_target(top)
     if fmt == "speculators":
@@ -387,6 +389,39 @@ def _refuse_qk_norm(tensors: Mapping[str, torch.Tensor], raw: Mapping[str, Any],
         f"{kind!r}); expected a Llama draft layer, the only kind this backend implements. "
         f"SGLang 0.5.23's LlamaForCausalLMEagle3 would drop them without a word and serve a "
         f"different model, so do not strip them: serve this draft with vLLM/speculators."
+    )
+
+
+def _refuse_multi_layer(tensors: Mapping[str, torch.Tensor], where: str) -> None:
+    """Refuse a draft with decoder layers past the first (``layers.N.*``, N >= 1), naming
+    whether stock SGLang 0.5.23 would serve it as trained.
+
+    SGLang's ``llama_eagle3`` normalises the input of layers 1+ with ``layers.N.hidden_norm``
+    and never reads their ``input_layernorm``; speculators and vLLM make layers 1+ plain
+    Llama layers that normalise with ``input_layernorm``. A checkpoint in the second
+    convention loads into SGLang without a word and runs layers 1+ on a norm left at its
+    initial ones: a different model.
+    """
+    extra = sorted({int(m.group(1)) for m in map(re.compile(r"^layers\.(\d+)\.").match, tensors)
+                    if m and int(m.group(1)) >= 1})
+    if not extra:
+        return
+    head = (f"{where}: tensors of decoder layers {extra} besides the first: a "
+            f"{extra[-1] + 1}-layer draft; this backend's reference draft, checks and plugin "
+            f"implement one-layer EAGLE-3 drafts.")
+    other_norm = [n for n in extra if f"layers.{n}.input_layernorm.weight" in tensors
+                  and f"layers.{n}.hidden_norm.weight" not in tensors]
+    if other_norm:
+        raise CheckpointError(
+            f"{head} Its layers {other_norm} normalise their input with input_layernorm (the "
+            f"speculators / vLLM convention); SGLang 0.5.23 normalises layers 1+ with "
+            f"hidden_norm, which they lack, so stock SGLang would serve them with an untrained "
+            f"norm, a different model. Serve this draft with vLLM, or train a one-layer draft."
+        )
+    raise CheckpointError(
+        f"{head} Its layers 1+ carry hidden_norm, SGLang 0.5.23's convention, so stock SGLang "
+        f"can serve it (launch with SGLANG_PLUGINS set to a list without 'eagle3'); eagle3 "
+        f"inspect/validate/eval/doctor cannot check it."
     )
 
 
