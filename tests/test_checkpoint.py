@@ -425,7 +425,7 @@ def test_multi_layer_draft_is_refused_naming_its_norm_convention(make_draft_chec
     (lambda c: c.update(hidden_size="64"), r"field 'hidden_size' is '64'; expected a positive integer"),
     (lambda c: c.pop("intermediate_size"), r"required field 'intermediate_size' is missing"),
     (lambda c: c.update(num_hidden_layers=30), r"'num_hidden_layers' is 30, but the weights hold "
-                                               r"one decoder layer \(no layers.1.\* tensors\)"),
+                                               r"one decoder layer \(no whole layers.1.\*\)"),
     (lambda c: c.update(eagle3_layout=["layer_input:two"]), r"field 'eagle3_layout': cannot parse"),
     (lambda c: c.update(eagle3_layout="layer_input:2"), r"field 'eagle3_layout' is 'layer_input:2';"
                                                         r" expected a list"),

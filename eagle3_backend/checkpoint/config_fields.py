@@ -149,7 +149,7 @@ def build_draft_config(
     if layers != 1:
         raise CheckpointError(
             f"{where}: field {arch.prefix}'num_hidden_layers' is {layers}, but the weights "
-            f"hold one decoder layer (no layers.1.* tensors); expected 1. A value like 30 means "
+            f"hold one decoder layer (no whole layers.1.*); expected 1. A value like 30 means "
             f"this config is a target model's: point at the draft checkpoint; else set it to 1."
         )
     if arch.bool("mlp_bias", False):

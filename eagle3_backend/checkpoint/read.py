@@ -418,6 +418,8 @@ def _refuse_multi_layer(tensors: Mapping[str, torch.Tensor], where: str) -> None
             f"hidden_norm, which they lack, so stock SGLang would serve them with an untrained "
             f"norm, a different model. Serve this draft with vLLM, or train a one-layer draft."
         )
+    if any(f"layers.{n}.hidden_norm.weight" not in tensors for n in extra):
+        return  # not a whole layer: check_tensors lists the stray tensors as unknown
     raise CheckpointError(
         f"{head} Its layers 1+ carry hidden_norm, SGLang 0.5.23's convention, so stock SGLang "
         f"can serve it (launch with SGLANG_PLUGINS set to a list without 'eagle3'); eagle3 "
