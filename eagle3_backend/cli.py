@@ -71,6 +71,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target_txt = (f"{tgt['architecture'] or 'unknown architecture'}, "
                   f"{tgt['num_hidden_layers'] or '?'} layers (as recorded or given by --target)")
     on = [k for k, v in rep["variants"].items() if v and k != "rope_scaling"]
+    if cfg.num_hidden_layers > 1:
+        on.insert(0, f"{cfg.num_hidden_layers} decoder layers")
     if rep["variants"]["rope_scaling"]:
         on.append(f"rope_scaling={rep['variants']['rope_scaling']['rope_type']}")
     vocab = (f"draft {cfg.draft_vocab_size} of target {cfg.vocab_size} ids (d2t map)"

@@ -293,7 +293,10 @@ class RopeScaling:
 
 @dataclass(frozen=True, slots=True)
 class DraftConfig:
-    """EAGLE-3 draft architecture (one decoder layer, Llama-style).
+    """EAGLE-3 draft architecture (Llama-style decoder layers; usually one).
+
+    ``num_hidden_layers`` > 1 stacks plain layers after the first as SGLang 0.5.23 runs
+    them (see :mod:`eagle3_backend.model`).
 
     ``vocab_size`` is the *target* vocabulary (embedding rows, ``t2d`` length);
     ``draft_vocab_size`` is the lm_head's output size (``d2t`` length).
@@ -324,11 +327,12 @@ class DraftConfig:
     tie_word_embeddings: bool = False
     has_embed_tokens: bool = True
     dtype: str = "bfloat16"
+    num_hidden_layers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "draft_vocab_size",
-                     "target_hidden_size", "max_position_embeddings"):
+                     "target_hidden_size", "max_position_embeddings", "num_hidden_layers"):
             _positive_int(name, getattr(self, name))
         _positive_float("rms_norm_eps", self.rms_norm_eps)
         _positive_float("rope_theta", self.rope_theta)

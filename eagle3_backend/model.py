@@ -1,6 +1,6 @@
 """EAGLE-3 draft model in plain PyTorch: the reference the kernels, verifier and trainer use.
 
-One Llama-style decoder layer whose attention reads ``[norm(embed), norm(h)]``
+A Llama-style decoder layer whose attention reads ``[norm(embed), norm(h)]``
 (2H wide), where ``h`` is the fc projection of K target hidden states (step 1)
 or the draft's own previous hidden (later steps). Per token::
 
@@ -11,6 +11,13 @@ or the draft's own previous hidden (later steps). Per token::
     logits = lm_head(norm(out))                                    # [T, Vd] draft vocab
     next_hidden = norm(out) if norm_output else out                # fed to the next step
 
+Drafts with ``num_hidden_layers`` > 1 (rare) run layers 1.. on the stream ``out`` as
+plain pre-norm Llama layers, H wide, exactly as SGLang 0.5.23's ``llama_eagle3`` does:
+``out = out + attn(hidden_norm(out)); out = out + mlp(post_attention_layernorm(out))``.
+SGLang normalises their input with ``layers.N.hidden_norm`` (their
+``input_layernorm`` exists there but is never used); speculators and vLLM name that
+norm ``input_layernorm``, which the checkpoint readers and writers translate.
+
 Parameter and buffer names are those of SGLang's EAGLE-3 checkpoints
 (``fc``, ``input_norm`` for norm_before_fc, ``fc_norm.i``, ``midlayer.*``, ``norm``,
 ``lm_head``, ``embed_tokens``, ``d2t``, ``t2d``), so ``state_dict()`` is what
@@ -19,7 +26,7 @@ the offset from draft id ``i`` to its target id: ``target = i + d2t[i]``;
 ``t2d`` marks which target ids the draft vocabulary covers.
 
 The KV cache (:class:`DraftKVCache`) holds one uniform length for the whole
-batch. Attention takes an optional boolean mask over ``cached + new`` keys so
+batch (and every layer). Attention takes an optional boolean mask over ``cached + new`` keys so
 that top-k trees can be drafted level by level (see :func:`tree_attention_mask`).
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,33 +56,30 @@ logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- cache
 class DraftKVCache:
-    """Preallocated K/V of the draft's one attention layer; one length for the batch.
+    """Preallocated K/V of the draft's attention layers; one length for the batch.
 
-    ``k``, ``v``: [B, Hkv, max_len, D]. ``crop(n)`` drops everything after the
-    first ``n`` positions (after partial acceptance, or to discard a tree).
+    ``k``, ``v``: [num_layers, B, Hkv, max_len, D]. A forward writes each layer's new
+    keys through :meth:`layer`, then moves the shared length on with :meth:`advance`.
+    ``crop(n)`` drops everything after the first ``n`` positions (after partial
+    acceptance, or to discard a tree).
     """
 
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 num_layers: int = 1):
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [B, Hkv, T, D] after the cached ones; return all [B, Hkv, L+T, D]."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.max_len:
-            raise Eagle3Error(
-                f"draft KV cache overflow: {start} cached + {k.shape[2]} new tokens exceed "
-                f"max_len {self.max_len}. Allocate the cache with a larger max_len "
-                "(prompt + generated + draft tokens)."
-            )
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def layer(self, i: int) -> "_LayerKV":
+        """Layer ``i``'s view: ``append`` writes after the cached positions, not advancing."""
+        return _LayerKV(self, i)
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more positions as cached (after every layer has appended them)."""
+        self.length += n
 
     def crop(self, n: int) -> None:
         """Keep the first ``n`` cached positions."""
@@ -87,6 +92,27 @@ class DraftKVCache:
         new = DraftKVCache.__new__(DraftKVCache)
         new.k, new.v, new.max_len, new.length = self.k.clone(), self.v.clone(), self.max_len, self.length
         return new
+
+
+class _LayerKV:
+    """One layer of a :class:`DraftKVCache` (what :class:`Attention` appends to)."""
+
+    def __init__(self, cache: DraftKVCache, index: int):
+        self.cache, self.index = cache, index
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, Hkv, T, D] after the cached ones; return all [B, Hkv, L+T, D]."""
+        c = self.cache
+        start, end = c.length, c.length + k.shape[2]
+        if end > c.max_len:
+            raise Eagle3Error(
+                f"draft KV cache overflow: {start} cached + {k.shape[2]} new tokens exceed "
+                f"max_len {c.max_len}. Allocate the cache with a larger max_len "
+                "(prompt + generated + draft tokens)."
+            )
+        c.k[self.index, :, :, start:end] = k
+        c.v[self.index, :, :, start:end] = v
+        return c.k[self.index, :, :, :end], c.v[self.index, :, :, :end]
 
 
 # ----------------------------------------------------------------------------- layers
@@ -166,15 +192,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """GQA self-attention over ``[embed, hidden]`` (2H wide input), rotary positions."""
+    """GQA self-attention with rotary positions over ``[embed, hidden]`` (2H wide input,
+    the first layer) or the stream (H wide, ``first=False``)."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, first: bool = True):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        width = (2 if first else 1) * cfg.hidden_size
+        self.q_proj = nn.Linear(width, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
         # A plain attribute, not a buffer: module.to(bfloat16) must not round it.
         self._inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -191,9 +219,10 @@ class Attention(nn.Module):
             cos, sin = cos * self._rope_scale, sin * self._rope_scale
         return cos, sin
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache | None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Any,
                 mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, T, 2H], positions: [B, T], mask: [B|1, T, L+T] bool (True = attend)
+        # x: [B, T, 2H | H], positions: [B, T], mask: [B|1, T, L+T] bool (True = attend);
+        # cache: anything with append(k, v) -> all k, v (a DraftKVCache layer), or None
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -218,7 +247,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """The draft's single layer (checkpoint prefix ``midlayer.``)."""
+    """The draft's first layer (checkpoint prefix ``midlayer.``)."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -230,12 +259,30 @@ class DecoderLayer(nn.Module):
         self.norm_before_residual = cfg.norm_before_residual
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                cache: DraftKVCache | None, mask: torch.Tensor) -> torch.Tensor:
+                cache: Any, mask: torch.Tensor) -> torch.Tensor:
         # embeds, hidden: [B, T, H] -> pre-norm output stream [B, T, H]
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         x = self.self_attn(x, positions, cache, mask) + residual
+        return self.mlp(self.post_attention_layernorm(x)) + x
+
+
+class UpperLayer(nn.Module):
+    """A layer after the first (checkpoint prefix ``layers.N.``, N >= 1): a pre-norm Llama
+    layer on the stream, its input normalised by ``hidden_norm`` as in SGLang 0.5.23."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, first=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Any,
+                mask: torch.Tensor) -> torch.Tensor:
+        # x: the stream [B, T, H] -> the stream [B, T, H]
+        x = self.self_attn(self.hidden_norm(x), positions, cache, mask) + x
         return self.mlp(self.post_attention_layernorm(x)) + x
 
 
@@ -255,6 +302,9 @@ class Eagle3DraftModel(nn.Module):
         if cfg.has_embed_tokens:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.midlayer = DecoderLayer(cfg)
+        if cfg.num_hidden_layers > 1:  # keys "1", "2", ..: state_dict names layers.N.*
+            self.layers = nn.ModuleDict({str(n): UpperLayer(cfg)
+                                         for n in range(1, cfg.num_hidden_layers)})
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -326,9 +376,24 @@ class Eagle3DraftModel(nn.Module):
         self.target_embedding = weight
 
     def new_cache(self, batch_size: int, max_len: int) -> DraftKVCache:
-        """An empty KV cache on this model's device and dtype."""
+        """An empty KV cache (every layer) on this model's device and dtype."""
         return DraftKVCache(batch_size, self.config.num_key_value_heads, self.config.head_dim,
-                            max_len, dtype=self.fc.weight.dtype, device=self.fc.weight.device)
+                            max_len, dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+                            num_layers=self.config.num_hidden_layers)
+
+    def decoder(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                caches: Any, mask: torch.Tensor) -> torch.Tensor:
+        """Every decoder layer: embeds, projected hidden [B, T, H] -> pre-norm stream [B, T, H].
+
+        ``caches``: one per layer (``cache.layer(i)`` of a :class:`DraftKVCache`, or any
+        object with ``append``), or None for no cache.
+        """
+        caches = caches if caches is not None else [None] * self.config.num_hidden_layers
+        out = self.midlayer(embeds, hidden, positions, caches[0], mask)
+        if self.config.num_hidden_layers > 1:
+            for n, layer in self.layers.items():
+                out = layer(out, positions, caches[int(n)], mask)
+        return out
 
     # ------------------------------------------------------------------ pieces
     @property
@@ -413,7 +478,11 @@ class Eagle3DraftModel(nn.Module):
             )
         h = self._as_projected(hidden, projected)                      # [B, T, H]
         embeds = F.embedding(input_ids, self.embedding_weight).to(h.dtype)
-        out = self.midlayer(embeds, h, positions, cache, attn_mask)   # [B, T, H]
+        layers = None if cache is None else [cache.layer(i)
+                                              for i in range(self.config.num_hidden_layers)]
+        out = self.decoder(embeds, h, positions, layers, attn_mask)   # [B, T, H]
+        if cache is not None:
+            cache.advance(T)
         normed = self.norm(out)
         logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, Vd]
         return logits, (normed if self.config.norm_output else out)

@@ -387,45 +387,90 @@ def test_missing_d2t_with_smaller_draft_vocab(make_draft_checkpoint):
         load_draft(src)
 
 
-def _second_layer(norm: str, prefix: str):
-    """A tensors_hook adding decoder layer 1 (input H wide) with ``norm`` as its input norm."""
-    def hook(t):
-        H, I = 64, 128
-        layer = {"self_attn.q_proj.weight": (64, H), "self_attn.k_proj.weight": (32, H),
-                 "self_attn.v_proj.weight": (32, H), "self_attn.o_proj.weight": (H, 64),
-                 "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
-                 "mlp.down_proj.weight": (H, I), f"{norm}.weight": (H,),
-                 "post_attention_layernorm.weight": (H,)}
-        t.update({f"{prefix}layers.1.{k}": torch.ones(shape) for k, shape in layer.items()})
-    return hook
+def test_two_layer_draft_keeps_its_upper_norm_across_formats(make_draft_checkpoint, tiny_target_config,
+                                                            tmp_path):
+    """Layer 1's input norm is hidden_norm in SGLang and input_layernorm in speculators:
+    read from either, written to either, the same tensor is the same norm."""
+    from safetensors.torch import load_file
+
+    from eagle3_backend.cli import main
+
+    spec = make_draft_checkpoint("speculators", num_hidden_layers=2)
+    on_disk = load_file(spec / "model.safetensors")
+    assert "layers.1.input_layernorm.weight" in on_disk and not any("hidden_norm" in k and
+                                                                     k.startswith("layers.1") for k in on_disk)
+    d = load_draft(spec)
+    assert d.config.num_hidden_layers == 2
+    assert torch.equal(d.state_dict["layers.1.hidden_norm.weight"],
+                       on_disk["layers.1.input_layernorm.weight"])
+    assert "layers.1.input_layernorm.weight" not in d.state_dict
+
+    target = tiny_target_config()
+    sg = tmp_path / "sg"
+    assert main(["convert", str(spec), str(sg), "--to", "sglang", "--target", str(target)]) == 0
+    written = load_file(sg / "model.safetensors")
+    assert json.loads((sg / "config.json").read_text())["num_hidden_layers"] == 2
+    assert torch.equal(written["layers.1.hidden_norm.weight"], on_disk["layers.1.input_layernorm.weight"])
+    assert "layers.1.input_layernorm.weight" not in written
+    back = tmp_path / "back"
+    assert main(["convert", str(sg), str(back), "--to", "speculators", "--target", str(target)]) == 0
+    again = load_file(back / "model.safetensors")
+    assert set(again) == set(on_disk)
+    assert all(torch.equal(again[k], on_disk[k]) for k in on_disk)
+    assert main(["validate", str(sg), "--target", str(target)]) == 0
 
 
-@pytest.mark.parametrize("fmt, norm, prefix, message", [
-    ("speculators", "input_layernorm", "", "Its layers [1] normalise their input with "
-     "input_layernorm (the speculators / vLLM convention); SGLang 0.5.23 normalises layers 1+ "
-     "with hidden_norm, which they lack, so stock SGLang would serve them with an untrained "
-     "norm, a different model. Serve this draft with vLLM, or train a one-layer draft."),
-    ("sglang", "hidden_norm", "model.", "Its layers 1+ carry hidden_norm, SGLang 0.5.23's "
-     "convention, so stock SGLang can serve it (launch with SGLANG_PLUGINS set to a list "
-     "without 'eagle3'); eagle3 inspect/validate/eval/doctor cannot check it."),
-])
-def test_multi_layer_draft_is_refused_naming_its_norm_convention(make_draft_checkpoint, fmt, norm,
-                                                                 prefix, message):
-    src = make_draft_checkpoint(fmt, tensors_hook=_second_layer(norm, prefix))
+def test_sglang_upper_layer_input_layernorm(make_draft_checkpoint, caplog):
+    """SGLang never reads layers 1+'s input_layernorm: next to hidden_norm it is dropped with
+    a note; instead of hidden_norm it is refused (stock SGLang would serve an untrained norm)."""
+    def add_unused(t):
+        t["layers.1.input_layernorm.weight"] = torch.full((64,), 3.0)
+
+    with caplog.at_level("WARNING"):
+        d = load_draft(make_draft_checkpoint("sglang", num_hidden_layers=2, tensors_hook=add_unused))
+    assert "layers.1.input_layernorm.weight" not in d.state_dict
+    assert ("dropped layers.1.input_layernorm.weight: SGLang 0.5.23 normalises layer 1's input "
+            "with layers.1.hidden_norm.weight and never reads it") in caplog.text
+
+    def speculators_norm(t):
+        t["layers.1.input_layernorm.weight"] = t.pop("layers.1.hidden_norm.weight")
+
+    src = make_draft_checkpoint("sglang", num_hidden_layers=2, tensors_hook=speculators_norm)
     with pytest.raises(CheckpointError) as err:
         load_draft(src)
     assert str(err.value) == (
-        f"{src}/model.safetensors: tensors of decoder layers [1] besides the first: a 2-layer "
-        f"draft; this backend's reference draft, checks and plugin implement one-layer EAGLE-3 "
-        f"drafts. {message}")
+        f"{src}/model.safetensors: layer 1 normalises its input with input_layernorm and has no "
+        f"hidden_norm, the speculators / vLLM convention in an SGLang-format checkpoint; SGLang "
+        f"0.5.23 normalises layers 1+ with hidden_norm, so it would serve this layer with an "
+        f"untrained norm, a different model. If the draft was trained that way, rename the "
+        f"tensor to layers.1.hidden_norm.weight.")
+
+    def both(t):
+        t["layers.1.hidden_norm.weight"] = torch.ones(64)
+
+    src = make_draft_checkpoint("speculators", num_hidden_layers=2, tensors_hook=both)
+    with pytest.raises(CheckpointError, match=r"layer 1 has both input_layernorm and hidden_norm; "
+                                              r"a speculators draft's layers 1\+ have one"):
+        load_draft(src)
+
+
+@pytest.mark.parametrize("weights, says", [(3, 1), (1, 2), (1, 30)])
+def test_layer_count_must_match_the_weights(make_draft_checkpoint, weights, says):
+    src = make_draft_checkpoint("sglang", num_hidden_layers=weights,
+                                config_hook=lambda c: c.update(num_hidden_layers=says))
+    held = " and layers.1..2.*" if weights == 3 else ""
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src)
+    assert str(err.value) == (
+        f"{src}/model.safetensors: config.json says num_hidden_layers {says}, but the weights hold "
+        f"{weights} decoder layer(s) (midlayer.*{held}); expected them equal. Set num_hidden_layers "
+        f"to {weights} (a value like 30 is the target's layer count).")
 
 
 # --------------------------------------------------------------------------- bad config
 @pytest.mark.parametrize("hook, match", [
     (lambda c: c.update(hidden_size="64"), r"field 'hidden_size' is '64'; expected a positive integer"),
     (lambda c: c.pop("intermediate_size"), r"required field 'intermediate_size' is missing"),
-    (lambda c: c.update(num_hidden_layers=30), r"'num_hidden_layers' is 30, but the weights hold "
-                                               r"one decoder layer \(no whole layers.1.\*\)"),
     (lambda c: c.update(eagle3_layout=["layer_input:two"]), r"field 'eagle3_layout': cannot parse"),
     (lambda c: c.update(eagle3_layout="layer_input:2"), r"field 'eagle3_layout' is 'layer_input:2';"
                                                         r" expected a list"),

@@ -80,10 +80,6 @@ def ref_forward(m: Eagle3DraftModel, ids, hidden, projected=False, positions=Non
     hn = rms(h, sd["midlayer.hidden_norm.weight"], eps)
     res = hn if cfg.norm_before_residual else h
     x = torch.cat([rms(emb, sd["midlayer.input_layernorm.weight"], eps), hn], dim=-1)
-    a = "midlayer.self_attn."
-    q = (x @ sd[a + "q_proj.weight"].T).view(B, T, nh, D)
-    k = (x @ sd[a + "k_proj.weight"].T).view(B, T, nkv, D)
-    v = (x @ sd[a + "v_proj.weight"].T).view(B, T, nkv, D)
     pos = torch.arange(T).expand(B, T) if positions is None else positions
     ang = pos.double()[..., None] * rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling).double()
     scale = cfg.rope_scaling.attention_scale if cfg.rope_scaling else 1.0  # yarn's; checked in test_rope
@@ -94,16 +90,28 @@ def ref_forward(m: Eagle3DraftModel, ids, hidden, projected=False, positions=Non
         t1, t2 = t[..., : D // 2], t[..., D // 2:]
         return t * cos + torch.cat([-t2, t1], -1) * sin
 
-    q, k = rot(q), rot(k)
-    k, v = k.repeat_interleave(nh // nkv, dim=2), v.repeat_interleave(nh // nkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
-    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v).reshape(B, T, nh * D)
-    x = o @ sd[a + "o_proj.weight"].T + res
-    p = "midlayer.mlp."
-    y = rms(x, sd["midlayer.post_attention_layernorm.weight"], eps)
-    y = (torch.nn.functional.silu(y @ sd[p + "gate_proj.weight"].T) * (y @ sd[p + "up_proj.weight"].T))
-    out = y @ sd[p + "down_proj.weight"].T + x
+    def attn(x, a):  # causal self-attention of parameters ``a`` (a prefix) over x
+        q = (x @ sd[a + "q_proj.weight"].T).view(B, T, nh, D)
+        k = (x @ sd[a + "k_proj.weight"].T).view(B, T, nkv, D)
+        v = (x @ sd[a + "v_proj.weight"].T).view(B, T, nkv, D)
+        q, k = rot(q), rot(k)
+        k, v = k.repeat_interleave(nh // nkv, dim=2), v.repeat_interleave(nh // nkv, dim=2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v).reshape(B, T, nh * D)
+        return o @ sd[a + "o_proj.weight"].T
+
+    def mlp(x, p):  # SwiGLU MLP of layer prefix p on the normed x
+        y = rms(x, sd[p + "post_attention_layernorm.weight"], eps)
+        y = torch.nn.functional.silu(y @ sd[p + "mlp.gate_proj.weight"].T) * (y @ sd[p + "mlp.up_proj.weight"].T)
+        return y @ sd[p + "mlp.down_proj.weight"].T
+
+    x = attn(x, "midlayer.self_attn.") + res
+    out = mlp(x, "midlayer.") + x
+    for n in range(1, cfg.num_hidden_layers):  # SGLang's layers 1+: input normed by hidden_norm
+        p = f"layers.{n}."
+        out = attn(rms(out, sd[p + "hidden_norm.weight"], eps), p + "self_attn.") + out
+        out = mlp(out, p) + out
     normed = rms(out, sd["norm.weight"], eps)
     head = E if cfg.tie_word_embeddings else sd["lm_head.weight"]
     return normed @ head.T, (normed if cfg.norm_output else out)
@@ -232,6 +240,10 @@ def test_base_matches_reference():
 
 
 VARIANTS = [
+    (dict(num_hidden_layers=3), {f"layers.{n}.{k}" for n in (1, 2) for k in (
+        "hidden_norm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}),
     (dict(fc_bias=True), {"fc.bias"}),
     (dict(norm_before_fc=True), {"input_norm.weight"}),
     (dict(fc_norm=True), {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}),
@@ -385,8 +397,9 @@ def test_bf16_model_keeps_fp32_rope():
 
 
 # ------------------------------------------------------------------ KV cache
-def test_incremental_cache_equals_full_recompute():
-    m = Eagle3DraftModel.init_random(small_cfg(), seed=0)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_incremental_cache_equals_full_recompute(layers):
+    m = Eagle3DraftModel.init_random(small_cfg(num_hidden_layers=layers), seed=0)
     ids, tgt = inputs(m.config, B=2, T=9)
     h = m.project(tgt)
     full_l, full_h = m(ids, h, projected=True)
@@ -411,7 +424,8 @@ def naive_chain(m, ids, tgt, num_steps):
     return torch.stack(toks, 1)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(norm_output=True, fc_norm=True, norm_before_residual=True)])
+@pytest.mark.parametrize("kw", [{}, dict(norm_output=True, fc_norm=True, norm_before_residual=True),
+                                dict(num_hidden_layers=2)])
 def test_propose_chain_equals_naive(kw):
     m = Eagle3DraftModel.init_random(small_cfg(**kw), seed=0)
     ids, tgt = inputs(m.config, B=3, T=7)
@@ -464,9 +478,10 @@ def test_tree_mask_shape_and_ancestry():
         tree_attention_mask([-1, 3], 0)
 
 
-def test_tree_forward_equals_chains_per_branch():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_tree_forward_equals_chains_per_branch(layers):
     """One masked forward over a whole tree = a chain forward down each branch."""
-    m = Eagle3DraftModel.init_random(small_cfg(), seed=0)
+    m = Eagle3DraftModel.init_random(small_cfg(num_hidden_layers=layers), seed=0)
     ids, tgt = inputs(m.config, B=1, T=5)
     g = torch.Generator().manual_seed(9)
     parents = [-1, -1, 0, 0, 1, 2]          # depth-3 tree, 6 nodes
@@ -571,7 +586,11 @@ _SGLANG_SCRIPT = textwrap.dedent('''
         fc_ok = torch.equal(m.model.fc.weight, sd["fc.weight"])
         hot = m.get_hot_token_id()
         hot_ok = torch.equal(hot, sd["d2t"] + torch.arange(sd["d2t"].numel()))
-        results.append(dict(loaded=loaded, unloaded=unloaded, qkv_ok=qkv_ok, fc_ok=fc_ok, hot_ok=hot_ok))
+        upper_qkv_ok = len(m.model.layers) < 2 or torch.equal(
+            m.model.layers[1].self_attn.qkv_proj.weight,
+            torch.cat([sd[f"layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]))
+        results.append(dict(loaded=loaded, unloaded=unloaded, qkv_ok=qkv_ok, fc_ok=fc_ok, hot_ok=hot_ok,
+                            upper_qkv_ok=upper_qkv_ok))
     print("RESULT " + json.dumps(results))
 ''')
 
@@ -580,7 +599,8 @@ def _sglang_config(cfg: DraftConfig) -> dict:
     return dict(
         architectures=["LlamaForCausalLMEagle3"], hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, num_hidden_layers=1,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        num_hidden_layers=cfg.num_hidden_layers,
         vocab_size=cfg.vocab_size, draft_vocab_size=cfg.draft_vocab_size,
         target_hidden_size=cfg.target_hidden_size, rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
@@ -602,6 +622,7 @@ def test_state_dict_is_what_sglang_loads(tmp_path):
         "fc variants": small_cfg(fc_bias=True, norm_before_fc=True, fc_norm=True),
         "tied": small_cfg(draft_vocab_size=V, tie_word_embeddings=True),
         "target embedding": small_cfg(target_hidden_size=H, has_embed_tokens=False),
+        "two layers": small_cfg(num_hidden_layers=2),
     }
     job = []
     for i, (name, cfg) in enumerate(cases.items()):
@@ -636,5 +657,13 @@ def test_state_dict_is_what_sglang_loads(tmp_path):
     assert results["tied"]["unloaded"] == []
     # the target's embedding is attached at run time by set_embed
     assert results["target embedding"]["unloaded"] == ["model.embed_tokens.weight"]
+    upper = {f"model.layers.1.{n}" for n in (
+        "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+        "mlp.down_proj.weight", "post_attention_layernorm.weight", "hidden_norm.weight")}
+    two = results["two layers"]
+    assert set(two["loaded"]) == core | upper | {"model.embed_tokens.weight", "lm_head.weight"}
+    # SGLang builds an input_layernorm in layer 1 too but normalises with hidden_norm there
+    assert two["unloaded"] == ["model.layers.1.input_layernorm.weight"]
+    assert two["upper_qkv_ok"]
     for name, r in results.items():
         assert r["qkv_ok"] and r["fc_ok"] and r["hot_ok"], name

@@ -146,12 +146,6 @@ def build_draft_config(
 ) -> DraftConfig:
     """DraftConfig from the Llama-style fields (``arch``) and EAGLE-3 flags (``flags``)."""
     layers = arch.int("num_hidden_layers", 1)
-    if layers != 1:
-        raise CheckpointError(
-            f"{where}: field {arch.prefix}'num_hidden_layers' is {layers}, but the weights "
-            f"hold one decoder layer (no whole layers.1.*); expected 1. A value like 30 means "
-            f"this config is a target model's: point at the draft checkpoint; else set it to 1."
-        )
     if arch.bool("mlp_bias", False):
         raise CheckpointError(
             f"{where}: field {arch.prefix}'mlp_bias' is true; expected false (EAGLE-3 drafts "
@@ -195,6 +189,7 @@ def build_draft_config(
             tie_word_embeddings=arch.bool("tie_word_embeddings", False),
             has_embed_tokens=has_embed_tokens,
             dtype=dtype,
+            num_hidden_layers=layers,
         )
     except CheckpointError:
         raise

@@ -1,16 +1,21 @@
 """Tensor names of each checkpoint format, mapped to this package's (= SGLang's).
 
-=====================  ==============================  ==========================
-ours / SGLang          also read as                    speculators writes
-=====================  ==============================  ==========================
-``midlayer.X``         ``layers.0.X``, ``model.`` pre  ``layers.0.X``
-``fc_norm.{0,1,2}``    ``aux_norm_{low,mid,high}``     (not supported)
+============================  ==============================  ================================
+ours / SGLang                 also read as                    speculators writes
+============================  ==============================  ================================
+``midlayer.X``                ``layers.0.X``, ``model.`` pre  ``layers.0.X``
+``fc_norm.{0,1,2}``           ``aux_norm_{low,mid,high}``     (not supported)
+``layers.N.hidden_norm``      (N >= 1; see below)             ``layers.N.input_layernorm``
 ``fc``, ``norm``, ``lm_head``, ``embed_tokens``, ``input_norm``, ``d2t``, ``t2d``: same
-=====================  ==============================  ==========================
+============================  ==============================  ================================
+
+The reader renames a speculators / vLLM draft's ``layers.N.input_layernorm`` (N >= 1) to
+``layers.N.hidden_norm`` (``checkpoint.read``): the same norm, SGLang's name for it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 import torch
@@ -59,7 +64,15 @@ def to_canonical(tensors: Mapping[str, torch.Tensor], where: str
     return out, notes
 
 
+_UPPER_HIDDEN_NORM = re.compile(r"^layers\.(\d+)\.hidden_norm\.")
+
+
 def to_speculators_name(name: str) -> str:
+    """Our (SGLang's) tensor name as speculators writes it: ``midlayer.`` is ``layers.0.``,
+    and layers 1+ call their input norm ``input_layernorm`` (SGLang: ``hidden_norm``)."""
     if name.startswith("midlayer."):
         return "layers.0." + name[len("midlayer."):]
+    m = _UPPER_HIDDEN_NORM.match(name)
+    if m and int(m.group(1)) >= 1:
+        return f"layers.{m.group(1)}.input_layernorm." + name[m.end():]
     return name

@@ -296,7 +296,8 @@ def load_draft(
     tensors, notes = to_canonical(tensors_raw, weights_where)
     warnings: list[str] = list(notes)
     _refuse_qk_norm(tensors_raw, raw, weights_where)
-    _refuse_multi_layer(tensors, weights_where)
+    tensors, notes = _upper_layer_norms(tensors, fmt, weights_where)
+    warnings += notes
 
     rec_arch, rec_layers = _recorded_target(top)
     if fmt == "speculators":
@@ -392,39 +393,46 @@ def _refuse_qk_norm(tensors: Mapping[str, torch.Tensor], raw: Mapping[str, Any],
     )
 
 
-def _refuse_multi_layer(tensors: Mapping[str, torch.Tensor], where: str) -> None:
-    """Refuse a draft with decoder layers past the first (``layers.N.*``, N >= 1), naming
-    whether stock SGLang 0.5.23 would serve it as trained.
+def _upper_layer_norms(tensors: dict[str, torch.Tensor], fmt: str, where: str
+                       ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Name the input norm of layers 1+ (``layers.N.*``, N >= 1) as SGLang does.
 
-    SGLang's ``llama_eagle3`` normalises the input of layers 1+ with ``layers.N.hidden_norm``
-    and never reads their ``input_layernorm``; speculators and vLLM make layers 1+ plain
-    Llama layers that normalise with ``input_layernorm``. A checkpoint in the second
-    convention loads into SGLang without a word and runs layers 1+ on a norm left at its
-    initial ones: a different model.
+    SGLang 0.5.23's ``llama_eagle3`` normalises the input of layers 1+ with
+    ``layers.N.hidden_norm`` and never reads their ``input_layernorm``; speculators and
+    vLLM make layers 1+ plain Llama layers normalised by ``input_layernorm``. Those are
+    renamed to ``hidden_norm`` here (and back by the speculators writer); an SGLang-format
+    checkpoint keeps its names, an unused ``input_layernorm`` next to ``hidden_norm`` is
+    dropped with a note, and one without ``hidden_norm`` is refused: stock SGLang would
+    run those layers on a norm left at its initial ones, a different model.
     """
-    extra = sorted({int(m.group(1)) for m in map(re.compile(r"^layers\.(\d+)\.").match, tensors)
+    upper = sorted({int(m.group(1)) for m in map(re.compile(r"^layers\.(\d+)\.").match, tensors)
                     if m and int(m.group(1)) >= 1})
-    if not extra:
-        return
-    head = (f"{where}: tensors of decoder layers {extra} besides the first: a "
-            f"{extra[-1] + 1}-layer draft; this backend's reference draft, checks and plugin "
-            f"implement one-layer EAGLE-3 drafts.")
-    other_norm = [n for n in extra if f"layers.{n}.input_layernorm.weight" in tensors
-                  and f"layers.{n}.hidden_norm.weight" not in tensors]
-    if other_norm:
-        raise CheckpointError(
-            f"{head} Its layers {other_norm} normalise their input with input_layernorm (the "
-            f"speculators / vLLM convention); SGLang 0.5.23 normalises layers 1+ with "
-            f"hidden_norm, which they lack, so stock SGLang would serve them with an untrained "
-            f"norm, a different model. Serve this draft with vLLM, or train a one-layer draft."
-        )
-    if any(f"layers.{n}.hidden_norm.weight" not in tensors for n in extra):
-        return  # not a whole layer: check_tensors lists the stray tensors as unknown
-    raise CheckpointError(
-        f"{head} Its layers 1+ carry hidden_norm, SGLang 0.5.23's convention, so stock SGLang "
-        f"can serve it (launch with SGLANG_PLUGINS set to a list without 'eagle3'); eagle3 "
-        f"inspect/validate/eval/doctor cannot check it."
-    )
+    notes: list[str] = []
+    out = dict(tensors)
+    for n in upper:
+        inp, hid = f"layers.{n}.input_layernorm.weight", f"layers.{n}.hidden_norm.weight"
+        if inp not in out:
+            continue
+        if fmt in ("speculators", "vllm"):
+            if hid in out:
+                raise CheckpointError(
+                    f"{where}: layer {n} has both input_layernorm and hidden_norm; a {fmt} draft's "
+                    f"layers 1+ have one input norm (input_layernorm). Remove the extra tensor."
+                )
+            out[hid] = out.pop(inp)
+        elif hid in out:
+            del out[inp]
+            notes.append(f"dropped {inp}: SGLang 0.5.23 normalises layer {n}'s input with "
+                         f"{hid} and never reads it")
+        else:
+            raise CheckpointError(
+                f"{where}: layer {n} normalises its input with input_layernorm and has no "
+                f"hidden_norm, the speculators / vLLM convention in an SGLang-format checkpoint; "
+                f"SGLang 0.5.23 normalises layers 1+ with hidden_norm, so it would serve this "
+                f"layer with an untrained norm, a different model. If the draft was trained that "
+                f"way, rename the tensor to layers.{n}.hidden_norm.weight."
+            )
+    return out, notes
 
 
 def _fill_vocab_map(config, tensors: dict[str, torch.Tensor]

@@ -23,6 +23,7 @@ def inspect_report(loaded: LoadedDraft) -> dict[str, Any]:
         "layout_explanation": loaded.layout_explanation,
         "target_hidden_size": cfg.target_hidden_size,
         "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
         "fc_in_features": int(fc.shape[1]) if fc is not None and fc.dim() == 2 else None,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_vocab_size": cfg.vocab_size,

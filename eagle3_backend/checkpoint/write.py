@@ -85,7 +85,7 @@ def _llama_fields(loaded: LoadedDraft) -> dict[str, Any]:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_hidden_layers,
         "vocab_size": cfg.vocab_size,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,

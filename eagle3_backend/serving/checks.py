@@ -397,6 +397,9 @@ def sglang_unconsumed(raw: Mapping[str, Any], names: Iterable[str], num_aux: int
             f"d2t, t2d) with `eagle3 convert --to sglang`, or fix the config flags that create "
             f"the parameters.")
     borrowed = {"model.embed_tokens.weight"}  # the worker installs the target's embedding
+    # layers 1+ normalise their input with hidden_norm; their input_layernorm is never read
+    borrowed |= {f"model.layers.{i}.input_layernorm.weight"
+                 for i in range(1, int(raw.get("num_hidden_layers", 1)))}
     if not raw.get("tie_word_embeddings") and raw.get("draft_vocab_size") is None:
         borrowed.add("lm_head.weight")  # load_lm_head_from_target
     unfilled = []

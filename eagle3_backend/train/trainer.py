@@ -271,14 +271,14 @@ def ttt_forward(model: Eagle3DraftModel, tokens: torch.Tensor, aux: torch.Tensor
     """
     B, T = aux.shape[:2]
     rows = torch.arange(T, device=aux.device)[None]                     # [1, T]
-    cache = _GrowingKV()
+    caches = [_GrowingKV() for _ in range(model.config.num_hidden_layers)]
     hidden = model.project(aux)                                         # [B, T, H]
     emb = model.embedding_weight
     for j in range(ttt_steps):
         ids = tokens[:, 1 + j: 1 + j + T]                               # [B, T] x_{i+1+j}
         embeds = F.embedding(ids, emb).to(hidden.dtype)
-        out = model.midlayer(embeds, hidden, (rows + j).expand(B, T), cache,
-                             ttt_mask(T, j, aux.device))                # [B, T, H]
+        out = model.decoder(embeds, hidden, (rows + j).expand(B, T), caches,
+                            ttt_mask(T, j, aux.device))                 # [B, T, H]
         normed = model.norm(out)
         hidden = normed if model.config.norm_output else out
         yield normed
