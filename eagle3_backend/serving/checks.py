@@ -358,6 +358,13 @@ def sglang_draft_params(raw: Mapping[str, Any], num_aux: int) -> set[str]:
     return params
 
 
+def sglang_unread_params(num_hidden_layers: int) -> set[str]:
+    """Parameters SGLang 0.5.23's LlamaForCausalLMEagle3 creates but its forward never reads:
+    the ``input_layernorm`` of layers 1+ (they normalise their input with ``hidden_norm``),
+    so no checkpoint needs to load them."""
+    return {f"model.layers.{i}.input_layernorm.weight" for i in range(1, num_hidden_layers)}
+
+
 def sglang_load_target(name: str, params: set[str]) -> tuple[str | None, Any]:
     """(parameter, shard) SGLang's EAGLE-3 loader puts tensor ``name`` into; (None, None) = skipped.
 
@@ -396,10 +403,9 @@ def sglang_unconsumed(raw: Mapping[str, Any], names: Iterable[str], num_aux: int
             f"random initial values. Rename them to SGLang's names (fc, midlayer.*, norm, lm_head, "
             f"d2t, t2d) with `eagle3 convert --to sglang`, or fix the config flags that create "
             f"the parameters.")
-    borrowed = {"model.embed_tokens.weight"}  # the worker installs the target's embedding
-    # layers 1+ normalise their input with hidden_norm; their input_layernorm is never read
-    borrowed |= {f"model.layers.{i}.input_layernorm.weight"
-                 for i in range(1, int(raw.get("num_hidden_layers", 1)))}
+    # the worker installs the target's embedding; some parameters are never read
+    borrowed = {"model.embed_tokens.weight"} | sglang_unread_params(
+        int(raw.get("num_hidden_layers", 1)))
     if not raw.get("tie_word_embeddings") and raw.get("draft_vocab_size") is None:
         borrowed.add("lm_head.weight")  # load_lm_head_from_target
     unfilled = []

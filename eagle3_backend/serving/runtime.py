@@ -258,7 +258,8 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
                        "was checked before start-up only", unwrapped)
         return result
     skipped = [n for n in seen if n not in consumed and "d2t" not in n and "t2d" not in n]
-    borrowed = {"model.embed_tokens.weight"}
+    layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 1) or 1)
+    borrowed = {"model.embed_tokens.weight"} | checks.sglang_unread_params(layers)
     if getattr(model, "load_lm_head_from_target", False):
         borrowed.add("lm_head.weight")
     never = sorted(set(params) - loaded - borrowed)

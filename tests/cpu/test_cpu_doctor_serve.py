@@ -8,6 +8,12 @@ a real trained draft: the same weights with their fc slots mislabelled
   below what that draft gets offline -> SERVE MISMATCH, naming the served path;
 * doctor on the draft the server does serve: served == offline (same dtype,
   same greedy answers) -> SERVE OK, while the layout check finds the mislabel.
+
+A second launch serves that draft with a second decoder layer added
+(doctor_draft.with_second_layer): every prompt takes exactly the verify steps the
+offline reference predicts, and the same draft with layer 1's hidden_norm left at ones
+(what SGLang would run were the norm missing) predicts other counts, so the server ran
+layer 1 as the reference does.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from doctor_draft import NEW_TOKENS, PROMPTS, mislabel
+from doctor_draft import NEW_TOKENS, PROMPTS, mislabel, with_second_layer
 
 from eagle3_backend.cli import main
 
@@ -67,3 +73,27 @@ def test_doctor_url_tells_the_served_draft_from_the_intended_one(
     # the served copy is the intended draft's weights: offline it gets what the server got
     assert abs(s["offline_acceptance_length"] - intended["serve"]["served_acceptance_length"]) <= 0.05
     assert png.stat().st_size > 10_000
+
+
+def test_two_layer_draft_is_served_as_the_reference_runs_it(
+        doctor_draft, doctor_prompts_file, smollm2_dir, plugin_site, tmp_path, capsys):
+    from eagle3_backend.cpu.launch import CpuServer, ServerSpec
+
+    two = with_second_layer(doctor_draft, tmp_path / "two-layer")
+    ones = with_second_layer(doctor_draft, tmp_path / "two-layer-ones", hidden_norm="ones")
+    spec = ServerSpec(str(smollm2_dir), str(two), num_steps=3, topk=1, num_draft_tokens=4)
+    with CpuServer(spec, tmp_path / "server.log", pythonpath=(str(plugin_site), str(REPO)),
+                   start_timeout=420.0) as srv:
+        rc, served = _doctor(capsys, two, smollm2_dir, srv.url, doctor_prompts_file, "--serve-only")
+        _, other = _doctor(capsys, ones, smollm2_dir, srv.url, doctor_prompts_file, "--serve-only")
+        log = srv.log_text()
+    assert "every one consumed by SGLang's loader" in log
+    s = served["serve"]
+    assert rc == 0 and s["verdict"] == "ok", s["message"]
+    assert s["identical_answers"] == len(PROMPTS)
+    steps = [(p["served"]["verify_steps"], p["offline"]["verify_steps"]) for p in s["prompts"]]
+    assert all(a == b for a, b in steps), steps
+    assert s["offline_acceptance_length"] > 2.0  # layer 1 moves proposals, it does not drown them
+    # the reference with the other norm predicts other step counts for the same served run
+    wrong = [p["offline"]["verify_steps"] for p in other["serve"]["prompts"]]
+    assert wrong != [b for _, b in steps], wrong
