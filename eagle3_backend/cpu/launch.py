@@ -4,7 +4,8 @@
 own process group with ``SGLANG_USE_CPU_ENGINE=1``, waits until SGLang logs
 that it is ready (or gives up after ``start_timeout`` seconds), and on exit
 stops the whole group (SIGTERM, then SIGKILL). Requests go through
-``generate`` with a per-request timeout, so no caller can hang on a server.
+``post``, ``stream`` or ``generate``, each with a per-request timeout, so no
+caller can hang on a server.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,24 @@ def entry_point_site(pyproject: Path, dest: Path) -> Path:
         lines += [f"[{group}]", *(f"{n} = {v}" for n, v in eps.items()), ""]
     (info / "entry_points.txt").write_text("\n".join(lines))
     return dest
+
+
+def sse_events(lines: Iterable[bytes]) -> tuple[list[Any], bool]:
+    """The JSON payloads of a server-sent-event stream's ``data:`` lines, and whether it ended in [DONE].
+
+    SGLang's streams (``/generate`` and the OpenAI endpoints) send one JSON object a
+    ``data:`` line and close with ``data: [DONE]``; other lines (blank separators) are skipped.
+    """
+    events: list[Any] = []
+    for raw in lines:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return events, True
+        events.append(json.loads(payload))
+    return events, False
 
 
 def free_port() -> int:
@@ -190,6 +210,20 @@ class CpuServer:
             return status, json.loads(raw)
         except ValueError:
             return status, raw.decode(errors="replace")
+
+    def stream(self, path: str, body: dict, timeout: float = 300.0) -> tuple[int, list[Any], bool]:
+        """POST a streaming request: (HTTP status, the JSON events, whether the stream ended in [DONE])."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, *sse_events(resp)
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, [json.loads(raw)], False
+            except ValueError:
+                return err.code, [raw.decode(errors="replace")], False
 
     def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float = 300.0) -> dict:
         """Greedy generation; returns SGLang's response (output_ids, meta_info)."""

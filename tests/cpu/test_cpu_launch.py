@@ -54,3 +54,12 @@ def test_converted_target_is_a_plain_fp32_llama_dir(smollm2_dir):
     assert emb.shape == (49152, 576) and str(emb.dtype) == "torch.float32"
     assert (smollm2_dir / "tokenizer.json").is_file()
     assert "im_start" in (smollm2_dir / "chat_template.jinja").read_text()
+
+
+def test_sse_events_reads_data_lines_until_done():
+    from eagle3_backend.cpu.launch import sse_events
+
+    lines = [b'data: {"text": "a"}\n', b"\n", b": keep-alive\n", b'data: {"text": "ab"}\n', b"\n",
+             b"data: [DONE]\n", b'data: {"text": "after"}\n']
+    assert sse_events(lines) == ([{"text": "a"}, {"text": "ab"}], True)
+    assert sse_events(lines[:4]) == ([{"text": "a"}, {"text": "ab"}], False)  # cut off: no [DONE]

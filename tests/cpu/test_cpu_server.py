@@ -5,7 +5,9 @@ target-only (the reference), EAGLE-3 chain with a random draft (default
 layout), after a restart EAGLE-3 with the echo draft (a second, different
 layout with an ``embed`` slot; accepted on repetitive text), and EAGLE-3
 tree (topk 4) with the echo draft. Every request is greedy, sequential and
-time-bounded; every server process group is stopped by its fixture.
+time-bounded; every server process group is stopped by its fixture. The
+target-only and echo-draft servers also answer a few OpenAI-client requests
+(streaming chat, n > 1, logprobs, a stop string inside an accepted block).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ REPEAT_PROMPTS = ("Repeat the word 'apple' twenty times, separated by spaces.",
 REPEAT_NEW_TOKENS = 32
 START_TIMEOUT = 420.0
 REQUEST_TIMEOUT = 240.0
+CLIENT_NEW_TOKENS = 16
+# ends inside the first verify block of the echo draft ("apple" from the prefill, then
+# " apple" x 4 accepted at once): the server must cut the block after the third " apple"
+CLIENT_STOP = " apple apple apple"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -98,20 +104,77 @@ def _accept_length(out: dict) -> float:
     return float(meta["spec_accept_length"])
 
 
+def _client_requests(server, prompt_ids: list[int]) -> dict[str, object]:
+    """What an OpenAI client sees for the repeat prompt: texts, finish reasons, tokens, logprobs."""
+    model = server.spec.target  # SGLang's served model name is the model path
+    chat = {"model": model, "messages": [{"role": "user", "content": REPEAT_PROMPTS[0]}],
+            "max_tokens": CLIENT_NEW_TOKENS, "temperature": 0}
+    out: dict[str, object] = {}
+
+    status, events, done = server.stream("/v1/chat/completions", {**chat, "stream": True},
+                                         timeout=REQUEST_TIMEOUT)
+    assert status == 200 and done, (status, events[-1:])
+    deltas = [c for e in events for c in e["choices"]]
+    out["chat stream"] = ("".join(c["delta"].get("content") or "" for c in deltas),
+                          [c["finish_reason"] for c in deltas if c["finish_reason"]])
+    status, body = server.post("/v1/chat/completions", {**chat, "n": 2}, timeout=REQUEST_TIMEOUT)
+    assert status == 200, (status, body)
+    out["chat n=2"] = [(c["message"]["content"], c["finish_reason"]) for c in body["choices"]]
+    status, body = server.post("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 2},
+                               timeout=REQUEST_TIMEOUT)
+    assert status == 200, (status, body)
+    content = body["choices"][0]["logprobs"]["content"]
+    out["chat logprobs tokens"] = [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in content]
+    out["chat logprobs"] = [round(t["logprob"], 4) for t in content]
+    status, events, done = server.stream("/v1/chat/completions", {**chat, "stream": True, "stop": [CLIENT_STOP]},
+                                         timeout=REQUEST_TIMEOUT)
+    assert status == 200 and done, (status, events[-1:])
+    deltas = [c for e in events for c in e["choices"]]
+    out["chat stream stop"] = ("".join(c["delta"].get("content") or "" for c in deltas),
+                               [c["finish_reason"] for c in deltas if c["finish_reason"]])
+    status, body = server.post("/generate", {"input_ids": prompt_ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": CLIENT_NEW_TOKENS, "stop": CLIENT_STOP}}, timeout=REQUEST_TIMEOUT)
+    assert status == 200, (status, body)
+    out["generate stop"] = (body["output_ids"], body["meta_info"]["finish_reason"])
+    return out
+
+
+def _assert_same_client_view(got: dict[str, object], ref: dict[str, object], what: str) -> None:
+    for name, value in ref.items():
+        if name == "chat logprobs":  # fp32, a 4-token verify pass vs 1-token decode
+            assert len(got[name]) == len(value) and all(abs(a - b) <= 2e-4 for a, b in zip(got[name], value)), \
+                f"{what}: {name} {got[name]} vs target-only {value}"
+        else:
+            assert got[name] == value, f"{what}: {name} {got[name]!r} vs target-only {value!r}"
+
+
 @pytest.fixture(scope="module")
-def reference_outputs(prompts, smollm2_dir, plugin_site, tmp_path_factory) -> dict[str, dict]:
+def target_only(prompts, smollm2_dir, plugin_site, tmp_path_factory) -> tuple[dict[str, dict], dict[str, object]]:
+    """The target-only server's greedy outputs per prompt, and its answers to the client requests."""
     from eagle3_backend.cpu.launch import ServerSpec
 
     log = tmp_path_factory.mktemp("srv") / "target_only.log"
     with _server(ServerSpec(str(smollm2_dir)), plugin_site, log) as srv:
         outs = _run_all(srv, prompts)
+        clients = _client_requests(srv, prompts["repeat-0"][0])
         text = srv.log_text()
     assert "eagle3_backend.cpu platform: LlamaForCausalLM loaded" in text
     assert "'attention_backend': 'intel_amx'" in text
     for name, out in outs.items():
         assert len(out["output_ids"]) > 0, name
         assert "spec_accept_length" not in out["meta_info"]
-    return outs
+    # SmolLM2 repeats " apple" (what the echo draft proposes); the stop string is matched
+    # (so the EAGLE-3 comparison tests a cut block)
+    assert clients["chat stream"] == ("apple" + " apple" * (CLIENT_NEW_TOKENS - 1), ["length"]), clients["chat stream"]
+    assert clients["chat stream stop"] == ("apple", ["stop"]), clients["chat stream stop"]
+    assert clients["generate stop"][1] == {"type": "stop", "matched": CLIENT_STOP}, clients["generate stop"]
+    assert clients["chat n=2"][0] == clients["chat n=2"][1], clients["chat n=2"]
+    return outs, clients
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(target_only) -> dict[str, dict]:
+    return target_only[0]
 
 
 def test_chain_spec_equals_target_and_survives_bad_requests(
@@ -157,15 +220,20 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
     assert all(1.0 <= a <= 4.0 for a in lengths), lengths
 
 
-def test_second_draft_layout_after_restart_accepts(reference_outputs, prompts, smollm2_dir, plugin_site, tmp_path):
+def test_second_draft_layout_after_restart_accepts(target_only, prompts, smollm2_dir, plugin_site, tmp_path):
     from eagle3_backend.cpu.launch import ServerSpec
 
+    reference_outputs, reference_clients = target_only
     draft = make_echo_draft(tmp_path / "echo-draft", smollm2_dir)
     spec = ServerSpec(str(smollm2_dir), str(draft), num_steps=3, topk=1, num_draft_tokens=4)
     with _server(spec, plugin_site, tmp_path / "echo.log") as srv:
         outs = _run_all(srv, prompts, subset=True)
+        clients = _client_requests(srv, prompts["repeat-0"][0])
         text = srv.log_text()
     _assert_same_tokens(outs, reference_outputs, f"EAGLE-3 chain, echo draft {ECHO_LAYOUT}")
+    # OpenAI clients (streaming, n > 1, logprobs, a stop string that cuts an accepted block)
+    # see what they see from the target-only server
+    _assert_same_client_view(clients, reference_clients, "EAGLE-3 chain, echo draft")
     assert f"EAGLE-3 layout {ECHO_LAYOUT} -> fc input 1728 (checked)" in text
     # 3 drafts + 1 bonus per step while the target keeps repeating one token
     assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]
