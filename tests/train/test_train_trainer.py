@@ -71,11 +71,15 @@ def test_ttt_mask_exact():
                  [1, 1, 1, 0, 0, 1, 0, 0, 1]]
 
 
+@pytest.mark.parametrize("layers", [1, 2])
 @torch.no_grad()
-def test_ttt_steps_equal_inference_chain_drafting(setup):
+def test_ttt_steps_equal_inference_chain_drafting(setup, layers):
     """Row i, TTT step j == drafting above the committed prefix 0..i with a KV cache,
-    fed the (teacher-forced) tokens and the draft's own hidden, as verify.tree does."""
+    fed the (teacher-forced) tokens and the draft's own hidden, as verify.tree does
+    (also through a second decoder layer: doctor scores multi-layer drafts with TTT)."""
     data, vocab, model = setup
+    if layers > 1:
+        model = build_draft(draft_config(num_hidden_layers=layers), data, vocab, seed=0)
     S = 3
     seq = data.sequences[2]
     batch = collate([seq], S)
