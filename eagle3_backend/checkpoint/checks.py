@@ -8,15 +8,12 @@ returns messages instead of raising, so ``eagle3 validate`` can list them all.
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
 import torch
 
+from eagle3_backend.checkpoint.names import upper_layer
 from eagle3_backend.config import DraftConfig
-
-
-_UPPER = re.compile(r"^layers\.(\d+)\.")  # a decoder layer after the first (midlayer)
 
 
 def expected_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -38,8 +35,8 @@ def check_tensors(config: DraftConfig, tensors: Mapping[str, torch.Tensor], wher
     expected = expected_shapes(config)
 
     # a layer past the first counts when it has attention (a stray tensor stays "unknown")
-    held = 1 + len({int(m.group(1)) for n in tensors if n.endswith(".self_attn.q_proj.weight")
-                    and (m := _UPPER.match(n)) and int(m.group(1))})
+    held = 1 + len({k for n in tensors if n.endswith(".self_attn.q_proj.weight")
+                    and (k := upper_layer(n)) is not None})
     if held != config.num_hidden_layers:
         problems.append(
             f"{where}: config.json says num_hidden_layers {config.num_hidden_layers}, but the "
@@ -48,8 +45,8 @@ def check_tensors(config: DraftConfig, tensors: Mapping[str, torch.Tensor], wher
             f"num_hidden_layers to {held} (a value like 30 is the target's layer count)."
         )
         # the per-tensor lists below would only repeat this, layer by layer
-        expected = {n: v for n, v in expected.items() if not _UPPER.match(n)}
-        tensors = {n: v for n, v in tensors.items() if not _UPPER.match(n)}
+        expected = {n: v for n, v in expected.items() if upper_layer(n) is None}
+        tensors = {n: v for n, v in tensors.items() if upper_layer(n) is None}
 
     missing = [n for n in expected if n not in tensors]
     if missing == ["lm_head.weight"] and config.draft_vocab_size == config.vocab_size:

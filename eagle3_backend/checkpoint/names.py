@@ -64,7 +64,14 @@ def to_canonical(tensors: Mapping[str, torch.Tensor], where: str
     return out, notes
 
 
-_UPPER_HIDDEN_NORM = re.compile(r"^layers\.(\d+)\.hidden_norm\.")
+_UPPER_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def upper_layer(name: str) -> int | None:
+    """N of a tensor ``layers.N.*`` of a decoder layer after the first (N >= 1; the first
+    is ``midlayer.*``), else None."""
+    m = _UPPER_LAYER.match(name)
+    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
 
 
 def to_speculators_name(name: str) -> str:
@@ -72,7 +79,8 @@ def to_speculators_name(name: str) -> str:
     and layers 1+ call their input norm ``input_layernorm`` (SGLang: ``hidden_norm``)."""
     if name.startswith("midlayer."):
         return "layers.0." + name[len("midlayer."):]
-    m = _UPPER_HIDDEN_NORM.match(name)
-    if m and int(m.group(1)) >= 1:
-        return f"layers.{m.group(1)}.input_layernorm." + name[m.end():]
+    n = upper_layer(name)
+    norm = f"layers.{n}.hidden_norm."
+    if n is not None and name.startswith(norm):
+        return f"layers.{n}.input_layernorm." + name[len(norm):]
     return name

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -29,7 +28,7 @@ from eagle3_backend.checkpoint.config_fields import (
 )
 from eagle3_backend.checkpoint.files import checkpoint_dir, read_config, read_tensors
 from eagle3_backend.checkpoint.loaded import LoadedDraft
-from eagle3_backend.checkpoint.names import to_canonical
+from eagle3_backend.checkpoint.names import to_canonical, upper_layer
 from eagle3_backend.errors import CheckpointError, LayoutError
 from eagle3_backend.layout import Layout, sglang_id_rule
 from eagle3_backend.target import TargetInfo
@@ -405,8 +404,7 @@ def _upper_layer_norms(tensors: dict[str, torch.Tensor], fmt: str, where: str
     dropped with a note, and one without ``hidden_norm`` is refused: stock SGLang would
     run those layers on a norm left at its initial ones, a different model.
     """
-    upper = sorted({int(m.group(1)) for m in map(re.compile(r"^layers\.(\d+)\.").match, tensors)
-                    if m and int(m.group(1)) >= 1})
+    upper = sorted({k for n in tensors if (k := upper_layer(n)) is not None})
     notes: list[str] = []
     out = dict(tensors)
     for n in upper:
