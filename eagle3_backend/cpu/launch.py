@@ -81,6 +81,14 @@ def sse_events(lines: Iterable[bytes]) -> tuple[list[Any], bool]:
     return events, False
 
 
+def _json_or_text(raw: bytes) -> Any:
+    """A response body: parsed JSON, else the text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -196,34 +204,27 @@ class CpuServer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def _request(self, path: str, body: bytes | dict) -> urllib.request.Request:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return urllib.request.Request(self.url + path, data=data,
+                                      headers={"Content-Type": "application/json"})
+
     def post(self, path: str, body: bytes | dict, timeout: float = 300.0) -> tuple[int, Any]:
         """POST and return (HTTP status, parsed JSON or raw text). Never raises on HTTP errors."""
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(self._request(path, body), timeout=timeout) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as err:
             status, raw = err.code, err.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        return status, _json_or_text(raw)
 
     def stream(self, path: str, body: dict, timeout: float = 300.0) -> tuple[int, list[Any], bool]:
         """POST a streaming request: (HTTP status, the JSON events, whether the stream ended in [DONE])."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(self._request(path, body), timeout=timeout) as resp:
                 return resp.status, *sse_events(resp)
         except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                return err.code, [json.loads(raw)], False
-            except ValueError:
-                return err.code, [raw.decode(errors="replace")], False
+            return err.code, [_json_or_text(err.read())], False
 
     def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float = 300.0) -> dict:
         """Greedy generation; returns SGLang's response (output_ids, meta_info)."""
