@@ -294,7 +294,6 @@ class Layout:
         source the architecture's model file cannot capture); this package's
         plugin captures any layout, and ``eagle3 convert`` reorders fc columns.
         """
-        rule = sglang_id_rule(arch)
         self.check_range(num_layers)
         if not self.is_layer_ordered():
             raise LayoutError(
@@ -303,37 +302,7 @@ class Layout:
                 "permutes the fc weight columns into layer order (an exactly equivalent "
                 "draft)."
             )
-        caps = list(self.layers)
-        if rule == "plus_one":
-            if caps[-1] >= num_layers:
-                raise LayoutError(
-                    f"layout {self} needs layer_input:{num_layers} (the last layer's "
-                    f"output), which SGLang's {arch} model file cannot capture. Serve it "
-                    "through the eagle3_backend plugin."
-                )
-            ids = [c - 1 for c in caps]
-        elif rule == "deepseek_v2":
-            # ids are taken verbatim unless ids[0] == 1, then all get +1.
-            if caps[-1] >= num_layers:
-                raise LayoutError(
-                    f"layout {self} needs layer_input:{num_layers}, which SGLang's "
-                    f"{arch} model file cannot capture. Serve it through the eagle3_backend plugin."
-                )
-            if caps[0] == 2:
-                ids = [c - 1 for c in caps]  # also right under the llama rule
-            elif caps[0] == 1:
-                raise LayoutError(
-                    f"layout {self} starts with layer_input:1, which SGLang's {arch} "
-                    "id rule cannot express (ids [1, ...] get +1, other ids are used as "
-                    "is). Serve it through the eagle3_backend plugin."
-                )
-            else:
-                ids = caps
-        elif rule == "gpt_oss":
-            # ids are taken verbatim if max(ids) == num_layers, else all get +1.
-            ids = caps if caps[-1] == num_layers else [c - 1 for c in caps]
-        else:  # pragma: no cover - sglang_id_rule only returns the rules above
-            raise AssertionError(rule)
+        ids = sglang_ids_for(self.layers, arch, num_layers, what=f"layout {self}")
         assert Layout.from_sglang_ids(ids, arch, num_layers) == self, (ids, self)
         return ids
 
@@ -437,6 +406,54 @@ def sglang_id_rule(arch: str) -> str:
     return SGLANG_ID[key]
 
 
+def sglang_captures_last(arch: str) -> bool:
+    """Whether SGLang 0.5.23's ``arch`` model file can capture layer_input:L (the last layer's
+    output before the final norm): only a file whose id rule reads ``L`` (gpt-oss)."""
+    return sglang_id_rule(arch) == "gpt_oss"
+
+
+def sglang_ids_for(layers: Iterable[int], arch: str, num_layers: int, what: str = "") -> list[int]:
+    """Ids that make SGLang 0.5.23's ``arch`` model file capture exactly the inputs of ``layers``.
+
+    The one inverse of :func:`_sglang_captures` (``set_eagle3_layers_to_capture``):
+    ``Layout.to_sglang_ids`` writes these into checkpoints, the serving plugin hands them
+    to the model file. The files keep ``layers_to_capture`` as a set (membership tests in
+    the layer loop) and concatenate in layer order, so only the set matters, and a list
+    that does not start with 1 escapes deepseek_v2's "+1 when ids[0] == 1".
+    """
+    caps = sorted(set(int(c) for c in layers))
+    rule = sglang_id_rule(arch)
+    what = what or f"layer inputs {caps}"
+    if not caps:
+        raise LayoutError(f"{what}: no layer to capture; a draft reads at least one hidden state.")
+    if caps[-1] >= num_layers and not (sglang_captures_last(arch) and caps[-1] == num_layers):
+        raise LayoutError(
+            f"{what} needs layer_input:{caps[-1]}, which SGLang 0.5.23's {arch} model file "
+            f"cannot capture (it captures layer inputs 0..{num_layers - 1}"
+            f"{', and the last output only on gpt-oss' if caps[-1] == num_layers else ''}).")
+    if rule == "plus_one":  # layers_to_capture = [id + 1 for id in ids]
+        ids = [c - 1 for c in caps]
+    elif rule == "gpt_oss":  # verbatim when max(ids) == L, else +1
+        ids = caps if caps[-1] == num_layers else [c - 1 for c in caps]
+    elif rule == "deepseek_v2":  # +1 only when ids[0] == 1, else verbatim
+        if caps[0] == 2:
+            ids = [c - 1 for c in caps]  # the engine default's [1, L//2 - 1, L - 4]: also right
+            #                              under the plus-one rule the other files apply
+        elif caps[0] != 1:
+            ids = caps
+        elif len(caps) == 1:
+            raise LayoutError(
+                f"{what} is layer_input:1 alone, which SGLang 0.5.23's {arch} model file cannot "
+                f"be asked for (ids [1] are read as [2], ids [0] as [0]). Serve a draft with more "
+                f"than one source.")
+        else:
+            ids = caps[1:] + caps[:1]  # 1 not first: read verbatim
+    else:  # pragma: no cover - sglang_id_rule only returns the rules above
+        raise AssertionError(rule)
+    assert sorted(_sglang_captures(rule, ids, num_layers)) == caps, (rule, ids, caps)
+    return ids
+
+
 def _sglang_captures(rule: str, ids: list[int], num_layers: int) -> list[int]:
     if rule == "plus_one":
         return [i + 1 for i in ids]
@@ -448,10 +465,10 @@ def _sglang_captures(rule: str, ids: list[int], num_layers: int) -> list[int]:
 
 
 def _default_layers(num_layers: int) -> list[int]:
-    if num_layers < 4:
+    if num_layers < 7:  # below 7, 2 < L//2 < L-3 fails: two slots would be one state
         raise LayoutError(
             f"the engine default layout (inputs of layers 2, L//2, L-3) needs at least "
-            f"4 decoder layers, got {num_layers}. Give the layout explicitly (e.g. "
+            f"7 decoder layers (three distinct states), got {num_layers}. Give the layout explicitly (e.g. "
             f"--layout \"[embed, layer_input:{max(num_layers, 1)}]\" for eagle3 train)."
         )
     return [2, num_layers // 2, num_layers - 3]

@@ -110,8 +110,10 @@ def test_sglang_deepseek_v2_plus_one_only_when_first_id_is_one(arch):
     assert kimi.to_sglang_ids(arch, 61) == [0, 3, 31]
     # first capture layer_input:2 -> ids [1, ...], right under both rules
     assert Layout.engine_default("sglang", 61).to_sglang_ids(arch, 61) == [1, 29, 57]
-    with pytest.raises(LayoutError, match="cannot express"):
-        Layout.parse("[layer_input:1, layer_input:30]").to_sglang_ids(arch, 61)
+    # lowest capture layer_input:1: ids [1, ...] would be shifted, so 1 goes last (read verbatim)
+    assert Layout.parse("[layer_input:1, layer_input:30]").to_sglang_ids(arch, 61) == [30, 1]
+    with pytest.raises(LayoutError, match="layer_input:1 alone"):
+        Layout.parse("[layer_input:1]").to_sglang_ids(arch, 61)
 
 
 def test_sglang_gpt_oss_keeps_ids_reaching_the_last_layer():
@@ -197,11 +199,53 @@ def test_round_trip_sglang_per_arch(case, arch):
     assert Layout.from_sglang_ids(ids, arch, n) == lay
 
 
+@pytest.mark.parametrize("layers", [4, 6])
+def test_engine_default_never_names_one_state_twice(layers):
+    # 4 layers gave [2, 2, 1], 6 gave [2, 3, 3]: two fc slots fed one state
+    with pytest.raises(LayoutError, match=f"needs at least 7 decoder layers .three distinct states., got {layers}"):
+        Layout.engine_default("sglang", layers, "LlamaForCausalLM")
+    assert Layout.engine_default("sglang", 7).layers == (2, 3, 4)
+
+
 def test_engine_default_on_a_tiny_target_names_the_fix():
     with pytest.raises(LayoutError) as info:
         Layout.engine_default("sglang", 2, "LlamaForCausalLM")
     assert str(info.value) == (
-        "the engine default layout (inputs of layers 2, L//2, L-3) needs at least 4 decoder "
-        "layers, got 2. Give the layout explicitly (e.g. --layout \"[embed, layer_input:2]\" for "
+        "the engine default layout (inputs of layers 2, L//2, L-3) needs at least 7 decoder "
+        "layers (three distinct states), got 2. Give the layout explicitly (e.g. --layout \"[embed, layer_input:2]\" for "
         "eagle3 train).")
     assert str(Layout.parse("[embed, layer_input:2]")) == "[embed, layer_input:2]"
+
+
+# the families served end to end on the CPU (tests/cpu/test_cpu_families.py), by class name
+FAMILY_ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
+                "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "GptOssForCausalLM"]
+
+
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+def test_one_id_rule_for_checkpoints_and_the_plugin(arch):
+    """Every layer-ordered layout of an 8-layer target: the ids a checkpoint gets
+    (to_sglang_ids) are the ids the plugin hands the model file (ServingPlan.model_ids),
+    and reading them back (from_sglang_ids) gives the layout."""
+    import itertools
+
+    from eagle3_backend.layout import sglang_captures_last
+    from eagle3_backend.serving.capture import ServingPlan
+
+    L = 8
+    top = L + 1 if sglang_captures_last(arch) else L
+    n = 0
+    for k in (1, 2, 3):
+        for caps in itertools.combinations(range(top), k):
+            lay = Layout.of_layers(caps)
+            try:
+                ids = lay.to_sglang_ids(arch, L)
+            except LayoutError as exc:  # only deepseek_v2's layer_input:1 alone
+                assert caps == (1,) and "layer_input:1 alone" in str(exc), (arch, caps, exc)
+                continue
+            assert Layout.from_sglang_ids(ids, arch, L) == lay, (arch, caps, ids)
+            plan = ServingPlan(layout=lay, architecture=arch, num_layers=L, hidden_size=8,
+                               draft_path="d", layout_source="explicit")
+            assert plan.model_ids() == ids, (arch, caps)
+            n += 1
+    assert n >= 8 + 28 + 56 - 1

@@ -100,3 +100,19 @@ class Eagle3CpuPlatform(CpuSRTPlatform):
         if packed_linear.enabled():
             small_gemm.load()  # built (or found in its cache) now, not inside the first forward
             packed_linear.pack_model(model)
+
+
+_PYNCCL_ARG = 3  # init_model_parallel_group(group_ranks, local_rank, backend, use_pynccl=None, ...)
+
+
+def before_init_model_parallel_group(*args, **kwargs):
+    """BEFORE ``parallel_state.init_model_parallel_group``: no PyNccl communicator on the CPU
+    engine (its groups all-reduce through gloo). SGLang decides ``use_pynccl`` from the
+    platform: an in-tree CPU platform gets True, and PyNccl refuses a CPU device."""
+    if len(args) > _PYNCCL_ARG:
+        if args[_PYNCCL_ARG] is None:
+            args = (*args[:_PYNCCL_ARG], False, *args[_PYNCCL_ARG + 1:])
+    elif kwargs.get("use_pynccl") is None:
+        kwargs["use_pynccl"] = False
+    return args, kwargs
+

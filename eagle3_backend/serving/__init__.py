@@ -50,11 +50,18 @@ def plugin() -> None:
         from eagle3_backend.serving.runtime import process_plan
 
         problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(process_plan().architecture))
+    from eagle3_backend.cpu import entry as cpu_entry
+
+    on_cpu = cpu_entry.applies()  # the CPU engine with this package's platform
+    if not problems and on_cpu:
+        problems = hooks.verify("cpu")
     if problems:
         line = hooks.fail_closed_line(problems[0])
         logger.error("%s", line)
         raise SystemExit(line)
     done = hooks.register("main")
+    if on_cpu:
+        done += hooks.register("cpu")
     if plan_text:
         done += hooks.register("serve")
     logger.info("eagle3_backend plugin: registered %d SGLang hooks (SGLang %s)", len(done),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_backend.errors import LayoutError, LayoutMismatch, ServingError
-from eagle3_backend.layout import Layout, sglang_id_rule
+from eagle3_backend.layout import Layout, sglang_captures_last, sglang_id_rule, sglang_ids_for
 
 __all__ = ["ARCHS", "ArchCapture", "Collector", "ServingPlan", "pack_reference", "arch_capture"]
 
@@ -37,10 +37,15 @@ class ArchCapture:
 
     architecture: str  # HF ``architectures[0]``, what SGLang dispatches on
     model_class: str  # dotted path of the SGLang class (a USE entry of hooks.HOOKS)
-    captures_last: bool  # can capture layer_input:L (the last layer's output, pre-norm)
 
     def __post_init__(self) -> None:
         sglang_id_rule(self.architecture)  # every supported arch has a known id rule
+
+    @property
+    def captures_last(self) -> bool:
+        """Can capture layer_input:L (the last layer's output, pre-norm): the files whose
+        id rule reads ``L`` (gpt-oss)."""
+        return sglang_captures_last(self.architecture)
 
 
 #: Target architectures whose capture this plugin has verified against the model
@@ -48,15 +53,15 @@ class ArchCapture:
 ARCHS: dict[str, ArchCapture] = {
     a.architecture: a
     for a in (
-        ArchCapture("LlamaForCausalLM", "sglang.srt.models.llama.LlamaForCausalLM", False),
-        ArchCapture("Qwen2ForCausalLM", "sglang.srt.models.qwen2.Qwen2ForCausalLM", False),
-        ArchCapture("Qwen3ForCausalLM", "sglang.srt.models.qwen3.Qwen3ForCausalLM", False),
-        ArchCapture("Qwen3MoeForCausalLM", "sglang.srt.models.qwen3_moe.Qwen3MoeForCausalLM", False),
-        ArchCapture("DeepseekV2ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM", False),
+        ArchCapture("LlamaForCausalLM", "sglang.srt.models.llama.LlamaForCausalLM"),
+        ArchCapture("Qwen2ForCausalLM", "sglang.srt.models.qwen2.Qwen2ForCausalLM"),
+        ArchCapture("Qwen3ForCausalLM", "sglang.srt.models.qwen3.Qwen3ForCausalLM"),
+        ArchCapture("Qwen3MoeForCausalLM", "sglang.srt.models.qwen3_moe.Qwen3MoeForCausalLM"),
+        ArchCapture("DeepseekV2ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"),
         # Kimi-K2 and DeepSeek-V3 both declare DeepseekV3ForCausalLM.
-        ArchCapture("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM", False),
-        ArchCapture("Glm4MoeForCausalLM", "sglang.srt.models.glm4_moe.Glm4MoeForCausalLM", False),
-        ArchCapture("GptOssForCausalLM", "sglang.srt.models.gpt_oss.GptOssForCausalLM", True),
+        ArchCapture("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
+        ArchCapture("Glm4MoeForCausalLM", "sglang.srt.models.glm4_moe.Glm4MoeForCausalLM"),
+        ArchCapture("GptOssForCausalLM", "sglang.srt.models.gpt_oss.GptOssForCausalLM"),
     )
 }
 
@@ -118,29 +123,9 @@ class ServingPlan:
         return self.layout.fc_in_features(self.hidden_size)
 
     def model_ids(self) -> list[int]:
-        """Ids for the model file's ``set_eagle3_layers_to_capture`` giving ``capture_layers``.
-
-        The model files keep ``layers_to_capture`` as a set-like list (membership
-        tests in the layer loop), so the order of these ids does not matter to
-        them, only the rule each file applies to the whole list.
-        """
-        caps = list(self.capture_layers)
-        rule = sglang_id_rule(self.architecture)
-        if rule == "plus_one":  # layers_to_capture = [id + 1 for id in ids]
-            return [c - 1 for c in caps]
-        if rule == "gpt_oss":  # verbatim when max(ids) == L, else +1
-            return caps if caps[-1] == self.num_layers else [c - 1 for c in caps]
-        if rule == "deepseek_v2":  # +1 only when ids[0] == 1, else verbatim
-            if caps[0] != 1:
-                return caps
-            if len(caps) == 1:
-                raise LayoutError(
-                    f"layout {self.layout} is layer_input:1 alone, which SGLang 0.5.23's "
-                    f"{self.architecture} model file cannot be asked for (ids [1] are read as "
-                    f"[2], ids [0] as [0]). Serve a draft with more than one source."
-                )
-            return caps[1:] + caps[:1]  # 1 not first: read verbatim
-        raise AssertionError(rule)  # pragma: no cover - sglang_id_rule knows only these
+        """Ids for the model file's ``set_eagle3_layers_to_capture`` giving ``capture_layers``."""
+        return sglang_ids_for(self.capture_layers, self.architecture, self.num_layers,
+                              what=f"layout {self.layout}")
 
     # ------------------------------------------------------------ serialization
     def to_json(self) -> str:

@@ -20,7 +20,8 @@ Groups: ``main`` rows are checked and registered in every process at plugin
 load (cheap: the launcher has imported them already); ``serve`` rows only in
 the processes of an EAGLE-3 launch (after the pre-load checks passed, see
 ``runtime.py``); ``arch:<Architecture>`` rows are the target model files,
-checked for the served target only.
+checked for the served target only; ``cpu`` rows in every process of a launch on the CPU
+engine with this package's platform (``eagle3_backend.cpu``), EAGLE-3 or not.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import logging
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from eagle3_backend.serving.capture import ARCHS
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class Hook:
     target: str
     kind: str
     signature: str  # normalized, see signature_of(); CLASS for classes
-    group: str  # "main", "serve" or "arch:<HF architecture>"
+    group: str  # "main", "serve", "cpu" or "arch:<HF architecture>"
     handler: str = ""  # "module:function" returning the hook callable (hook rows only)
     why: str = ""
 
@@ -59,7 +62,7 @@ class Hook:
             raise ValueError(f"hook kind {self.kind!r} not in {_KINDS}")
         if (self.kind == USE) == bool(self.handler):
             raise ValueError(f"{self.target}: a {self.kind} row {'must' if self.kind != USE else 'cannot'} name a handler")
-        if not (self.group in ("main", "serve") or self.group.startswith("arch:")):
+        if not (self.group in ("main", "serve", "cpu") or self.group.startswith("arch:")):
             raise ValueError(f"{self.target}: unknown group {self.group!r}")
 
 
@@ -129,17 +132,16 @@ HOOKS: tuple[Hook, ...] = (
     *(
         Hook(f"{cls}.set_eagle3_layers_to_capture", USE, _SET, f"arch:{arch}",
              why="this file's id rule is what ServingPlan.model_ids() inverts")
-        for arch, cls in (
-            ("LlamaForCausalLM", "sglang.srt.models.llama.LlamaForCausalLM"),
-            ("Qwen2ForCausalLM", "sglang.srt.models.qwen2.Qwen2ForCausalLM"),
-            ("Qwen3ForCausalLM", "sglang.srt.models.qwen3.Qwen3ForCausalLM"),
-            ("Qwen3MoeForCausalLM", "sglang.srt.models.qwen3_moe.Qwen3MoeForCausalLM"),
-            ("DeepseekV2ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"),
-            ("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
-            ("Glm4MoeForCausalLM", "sglang.srt.models.glm4_moe.Glm4MoeForCausalLM"),
-            ("GptOssForCausalLM", "sglang.srt.models.gpt_oss.GptOssForCausalLM"),
-        )
+        for arch, cls in ((a.architecture, a.model_class) for a in ARCHS.values())
     ),
+    # -- CPU engine (eagle3_backend.cpu platform active), every launch ---------------------
+    Hook("sglang.srt.distributed.parallel_state.init_model_parallel_group", BEFORE,
+         "(group_ranks, local_rank, backend, use_pynccl=, use_custom_allreduce=, "
+         "use_message_queue_broadcaster=, group_name=, use_mscclpp=, "
+         "use_torch_symm_mem_allreduce=, recovered_rank=, rank_offset=, max_world_size=)", "cpu",
+         "eagle3_backend.cpu.platform:before_init_model_parallel_group",
+         "SGLang's in-tree CPU platform defaults every model-parallel group to a PyNccl "
+         "communicator, which is CUDA-only: --tp-size 2 on CPU died at process-group set-up"),
     Hook("sglang.srt.models.qwen2_moe.Qwen2MoeModel.set_eagle3_layers_to_capture", USE,
          "(self, layers_to_capture)", "arch:Qwen3MoeForCausalLM",
          why="qwen3_moe hands the shifted ids on to the inner model"),

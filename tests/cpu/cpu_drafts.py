@@ -27,13 +27,52 @@ import torch
 ECHO_LAYOUT = "[embed, layer_input:15, layer_input:27]"
 
 
-def make_random_draft(out: Path, target_dir: Path, seed: int = 0) -> Path:
-    from eagle3_backend.checkpoint.demo import make_demo_draft
+def make_random_draft(out: Path, target_dir: Path, seed: int = 0, layout: str | None = None) -> Path:
+    """The demo draft (random weights); ``layout`` None: the target's engine default."""
+    from eagle3_backend.checkpoint.demo import build_demo_draft, make_demo_draft
+    from eagle3_backend.checkpoint.write import save_sglang
+    from eagle3_backend.layout import Layout
+    from eagle3_backend.model import Eagle3DraftModel
     from eagle3_backend.target import TargetInfo
 
-    path, _ = make_demo_draft(out, TargetInfo.from_path(str(target_dir)), seed=seed,
-                              dtype="float32", force=True)
-    return Path(path)
+    target = TargetInfo.from_path(str(target_dir))
+    if layout is None:
+        path, _ = make_demo_draft(out, target, seed=seed, dtype="float32", force=True)
+        return Path(path)
+    lay = Layout.parse(layout)
+    base = build_demo_draft(target, seed=seed, dtype="float32")
+    cfg = dataclasses.replace(base.config, layout=lay)
+    sd = dict(base.state_dict)
+    sd["fc.weight"] = Eagle3DraftModel.init_random(cfg, seed=seed).state_dict()["fc.weight"].clone()
+    draft = dataclasses.replace(base, config=cfg, state_dict=sd, layout_explanation=f"random draft, layout {lay}")
+    return _keep_order(Path(save_sglang(draft, out, target=target, force=True)), lay)
+
+
+def _keep_order(path: Path, layout) -> Path:
+    """Undo the SGLang writer's reordering into layer order: the checkpoint records ``layout``
+    in its own (fc-input) order, fc column blocks permuted back, and no eagle_config ids (stock
+    SGLang concatenates in layer order, so no ids can express this order; the plugin serves it)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if cfg["eagle3_layout"] == layout.to_strings():
+        return path
+    sorted_layout, perm = layout.sorted_order()       # sorted slot k holds layout slot perm[k]
+    assert cfg["eagle3_layout"] == sorted_layout.to_strings(), cfg["eagle3_layout"]
+    tensors = load_file(str(path / "model.safetensors"))
+    blocks = tensors["fc.weight"].chunk(len(perm), dim=-1)  # in sorted order
+    back = [None] * len(perm)
+    for k, p in enumerate(perm):
+        back[p] = blocks[k]
+    tensors["fc.weight"] = torch.cat(back, dim=-1).contiguous()
+    save_file(tensors, str(path / "model.safetensors"))
+    cfg["eagle3_layout"] = layout.to_strings()
+    del cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return path
 
 
 def make_echo_draft(out: Path, target_dir: Path, layout: str = ECHO_LAYOUT, seed: int = 1) -> Path:
@@ -63,4 +102,4 @@ def make_echo_draft(out: Path, target_dir: Path, layout: str = ECHO_LAYOUT, seed
     sd["lm_head.weight"] = embed / embed.norm(dim=-1, keepdim=True)
     draft = dataclasses.replace(base, config=cfg, state_dict=sd,
                                 layout_explanation=f"echo probe draft, layout {lay}")
-    return Path(save_sglang(draft, out, target=target, force=True))
+    return _keep_order(Path(save_sglang(draft, out, target=target, force=True)), lay)

@@ -17,3 +17,62 @@ def assert_close_report(actual: torch.Tensor, expected: torch.Tensor, atol: floa
             f"{what}: {int(bad.sum())} of {bad.numel()} elements differ; first at {idx}: "
             f"got {actual[idx].item():.6g}, expected {expected[idx].item():.6g} "
             f"(atol={atol}, rtol={rtol})")
+
+
+def assert_same_tokens(got: dict[str, dict], ref: dict[str, dict], what: str) -> None:
+    """Every prompt's output_ids equal the reference server's; names the first divergence."""
+    for name, out in got.items():
+        a, b = out["output_ids"], ref[name]["output_ids"]
+        if a != b:
+            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            raise AssertionError(f"{what}: prompt {name} diverges from target-only at output token {i}: "
+                                 f"{a[i:i + 5]} vs {b[i:i + 5]} (lengths {len(a)}, {len(b)})")
+
+
+def offline_acceptance(target_dir, draft_dir, prompts, names, steps, topk, n):
+    """The offline verifier's (acceptance length, output ids) per prompt, same draft and settings."""
+    from eagle3_backend.verify.engine import SpeculativeEngine, load_draft_model
+    from eagle3_backend.verify.metrics import acceptance_length
+    from eagle3_backend.verify.targets import load_target
+    from eagle3_backend.verify.tree import SpecSettings
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # this process spins its OpenMP threads by default; one thread never waits
+    try:
+        target = load_target(str(target_dir), dtype="float32")
+        engine = SpeculativeEngine(target, load_draft_model(draft_dir, target), SpecSettings(steps, topk, n))
+        out = {}
+        for name in names:
+            ids, max_new = prompts[name]
+            res = engine.generate(ids, max_new)
+            out[name] = (acceptance_length(res.completion_tokens, res.verify_steps), res.tokens)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def assert_fc_input_matches_hf(dump, target_dir, layout: str, rtol: float = 1e-4) -> None:
+    """The fc input a server dumped (EAGLE3_DUMP_FC_INPUT) equals HF transformers' hidden_states
+    of the same ids, slot by slot in layout order (hidden_states[k] is the residual stream
+    entering layer k; 0 the embedding, which must match bit for bit)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_backend.layout import Layout
+
+    got = load_file(str(dump))
+    ids, fc = got["input_ids"].long(), got["fc_input"].float()            # [T], [T, K*H]
+    lay = Layout.parse(layout)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        hs = model(ids[None], output_hidden_states=True).hidden_states      # L+1 x [1, T, H]
+    h = hs[0].shape[-1]
+    assert fc.shape == (ids.shape[0], len(lay) * h), (fc.shape, ids.shape, len(lay), h)
+    for j, src in enumerate(lay.sources):
+        want = hs[src.layer][0]
+        slot = fc[:, j * h:(j + 1) * h]
+        if src.is_embed:
+            assert torch.equal(slot, want), f"slot {j} ({src}): the embed slot is the embedding, bit for bit"
+        else:
+            assert_close_report(slot, want, atol=rtol * max(1.0, want.abs().max().item()), rtol=rtol,
+                                what=f"fc input slot {j} ({src}) vs HF hidden_states[{src.layer}]")

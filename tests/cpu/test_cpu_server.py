@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cpu_drafts import ECHO_LAYOUT, make_echo_draft, make_random_draft
+from cpu_testutil import assert_same_tokens, offline_acceptance
 
 pytestmark = [pytest.mark.server, pytest.mark.sglang]
 
@@ -63,39 +64,6 @@ def _run_all(server, prompts, subset: bool = False) -> dict[str, dict]:
     if subset:
         names = names[:NUM_MTBENCH_SUBSET] + names[NUM_MTBENCH:]
     return {name: server.generate(*prompts[name], timeout=REQUEST_TIMEOUT) for name in names}
-
-
-def _assert_same_tokens(got: dict[str, dict], ref: dict[str, dict], what: str) -> None:
-    for name, out in got.items():
-        a, b = out["output_ids"], ref[name]["output_ids"]
-        if a != b:
-            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            raise AssertionError(f"{what}: prompt {name} diverges from target-only at output token {i}: "
-                                 f"{a[i:i + 5]} vs {b[i:i + 5]} (lengths {len(a)}, {len(b)})")
-
-
-def _offline_acceptance(target_dir: Path, draft_dir: Path, prompts, names, steps, topk, n):
-    """The offline verifier's (acceptance length, output ids) per prompt, same draft and settings."""
-    from eagle3_backend.verify.engine import SpeculativeEngine, load_draft_model
-    from eagle3_backend.verify.metrics import acceptance_length
-    from eagle3_backend.verify.targets import load_target
-    from eagle3_backend.verify.tree import SpecSettings
-
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # this process spins its OpenMP threads by default; one thread never waits
-    try:
-        target = load_target(str(target_dir), dtype="float32")
-        engine = SpeculativeEngine(target, load_draft_model(draft_dir, target), SpecSettings(steps, topk, n))
-        out = {}
-        for name in names:
-            ids, max_new = prompts[name]
-            res = engine.generate(ids, max_new)
-            out[name] = (acceptance_length(res.completion_tokens, res.verify_steps), res.tokens)
-    finally:
-        torch.set_num_threads(threads)
-    return out
 
 
 def _accept_length(out: dict) -> float:
@@ -205,7 +173,7 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
         name, (ids, n) = next(iter(prompts.items()))
         after = srv.generate(ids, n, timeout=REQUEST_TIMEOUT)
     assert len(outs) == NUM_MTBENCH + len(REPEAT_PROMPTS)
-    _assert_same_tokens(outs, reference_outputs, "EAGLE-3 chain, random draft")
+    assert_same_tokens(outs, reference_outputs, "EAGLE-3 chain, random draft")
     for what, (status, body) in bad.items():
         assert 400 <= status < 500, f"{what}: HTTP {status} {str(body)[:200]}"
     assert "The prompt is empty" in str(bad["empty prompt"][1])
@@ -230,7 +198,7 @@ def test_second_draft_layout_after_restart_accepts(target_only, prompts, smollm2
         outs = _run_all(srv, prompts, subset=True)
         clients = _client_requests(srv, prompts["repeat-0"][0])
         text = srv.log_text()
-    _assert_same_tokens(outs, reference_outputs, f"EAGLE-3 chain, echo draft {ECHO_LAYOUT}")
+    assert_same_tokens(outs, reference_outputs, f"EAGLE-3 chain, echo draft {ECHO_LAYOUT}")
     # OpenAI clients (streaming, n > 1, logprobs, a stop string that cuts an accepted block)
     # see what they see from the target-only server
     _assert_same_client_view(clients, reference_clients, "EAGLE-3 chain, echo draft")
@@ -238,7 +206,7 @@ def test_second_draft_layout_after_restart_accepts(target_only, prompts, smollm2
     # 3 drafts + 1 bonus per step while the target keeps repeating one token
     assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]
     names = [f"repeat-{i}" for i in range(len(REPEAT_PROMPTS))]
-    offline = _offline_acceptance(smollm2_dir, draft, prompts, names, 3, 1, 4)
+    offline = offline_acceptance(smollm2_dir, draft, prompts, names, 3, 1, 4)
     for name in names:
         length, tokens = offline[name]
         assert tokens == outs[name]["output_ids"], f"{name}: offline verifier output differs from SGLang's"
@@ -252,5 +220,5 @@ def test_tree_topk4_equals_target(reference_outputs, prompts, smollm2_dir, plugi
     spec = ServerSpec(str(smollm2_dir), str(draft), num_steps=3, topk=4, num_draft_tokens=8)
     with _server(spec, plugin_site, tmp_path / "tree.log") as srv:
         outs = _run_all(srv, prompts, subset=True)
-    _assert_same_tokens(outs, reference_outputs, "EAGLE-3 tree topk 4, echo draft")
+    assert_same_tokens(outs, reference_outputs, "EAGLE-3 tree topk 4, echo draft")
     assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]

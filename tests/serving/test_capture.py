@@ -31,7 +31,7 @@ CASES = [
     ("Glm4MoeForCausalLM", 92, "[embed, layer_input:46, layer_input:89]", [-1, 45, 88], (0, 46, 89), (0, 1, 2)),
     # deepseek_v2 rule: ids used verbatim unless ids[0] == 1, then all get +1
     ("DeepseekV3ForCausalLM", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
-    ("DeepseekV3ForCausalLM", 61, "[layer_input:2, layer_input:30, layer_input:58]", [2, 30, 58], (2, 30, 58), (0, 1, 2)),
+    ("DeepseekV3ForCausalLM", 61, "[layer_input:2, layer_input:30, layer_input:58]", [1, 29, 57], (2, 30, 58), (0, 1, 2)),
     ("DeepseekV3ForCausalLM", 61, "[layer_input:1, layer_input:30, layer_input:58]", [30, 58, 1], (1, 30, 58), (0, 1, 2)),
     ("DeepseekV2ForCausalLM", 27, "[layer_input:24, layer_input:1, embed]", [0, 1, 24], (0, 1, 24), (2, 1, 0)),
     # gpt-oss rule: verbatim when max(ids) == L (the last layer's output), else +1

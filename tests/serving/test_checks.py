@@ -140,7 +140,8 @@ def test_ids_only_draft_is_read_by_the_target_rule(tmp_path):
     assert plan.model_ids() == [2, 4, 6]
     plan = check_launch(eagle3(draft), tiny_target("DeepseekV3ForCausalLM"), NO_ENV)
     assert plan.layout == Layout.parse("[layer_input:2, layer_input:4, layer_input:6]")  # verbatim
-    assert plan.model_ids() == [2, 4, 6]
+    # the same captures asked for as a checkpoint would write them (ids[0] == 1: +1)
+    assert plan.model_ids() == [1, 3, 5] == plan.layout.to_sglang_ids("DeepseekV3ForCausalLM", 8)
     draft = write_draft(tmp_path / "e", layout=None, ids=[1, 4, 6])
     plan = check_launch(eagle3(draft), tiny_target("DeepseekV3ForCausalLM"), NO_ENV)
     assert plan.layout == Layout.parse("[layer_input:2, layer_input:5, layer_input:7]")  # ids[0]==1: +1

@@ -128,6 +128,42 @@ def test_changed_signature_fails_closed(monkeypatch):
     assert problem.endswith("expected (self, input_ids)")
 
 
+def test_cpu_rows_are_registered_on_the_cpu_engine_only(monkeypatch):
+    from eagle3_backend.serving import checks, plugin
+
+    calls: list[str] = []
+    real = hooks._resolve
+
+    def resolve(target):
+        if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
+            return lambda target, hook, hook_type=None, *, source=None: calls.append(target)
+        return real(target)
+
+    monkeypatch.setattr(hooks, "_resolve", resolve)
+    monkeypatch.delenv(checks.PLAN_ENV, raising=False)
+    cpu = [h.target for h in hooks.rows("cpu")]
+    assert cpu == ["sglang.srt.distributed.parallel_state.init_model_parallel_group"]
+    for engine, platform, expected in (("1", "1", cpu), ("1", "0", []), ("0", "1", [])):
+        monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", engine)
+        monkeypatch.setenv("EAGLE3_CPU_PLATFORM", platform)
+        calls.clear()
+        plugin()
+        assert [c for c in calls if c in cpu] == expected, (engine, platform, calls)
+
+
+def test_cpu_groups_get_no_pynccl_unless_asked():
+    from eagle3_backend.cpu.platform import before_init_model_parallel_group as hook
+
+    # SGLang's own calls: positional ranks/rank/backend, use_pynccl by keyword or defaulted
+    assert hook([[0, 1]], 0, "gloo") == (([[0, 1]], 0, "gloo"), {"use_pynccl": False})
+    assert hook([[0, 1]], 0, "gloo", use_pynccl=None, group_name="tp") == (
+        ([[0, 1]], 0, "gloo"), {"use_pynccl": False, "group_name": "tp"})
+    assert hook([[0, 1]], 0, "gloo", None, True) == (([[0, 1]], 0, "gloo", False, True), {})
+    # an explicit choice is the caller's
+    assert hook([[0, 1]], 0, "gloo", use_pynccl=True) == (([[0, 1]], 0, "gloo"), {"use_pynccl": True})
+    assert hook([[0, 1]], 0, "gloo", False) == (([[0, 1]], 0, "gloo", False), {})
+
+
 def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     from eagle3_backend.serving import checks, plugin, runtime
     from eagle3_backend.serving.capture import ServingPlan
@@ -145,6 +181,7 @@ def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
 
     monkeypatch.setattr(hooks, "_resolve", resolve)
     monkeypatch.delenv(checks.PLAN_ENV, raising=False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     plugin()
     assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after"),
                      ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before")]

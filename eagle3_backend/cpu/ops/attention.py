@@ -99,6 +99,17 @@ def _check_supported(is_cross_attention: bool, op: str) -> None:
             "model. Serve encoder-decoder models on a GPU.")
 
 
+def _check_prefix_layout(k_extend: torch.Tensor, v_extend: torch.Tensor, k_buffer: torch.Tensor,
+                         v_buffer: torch.Tensor) -> None:
+    if k_extend.shape[1:] != k_buffer.shape[1:] or v_extend.shape[1:] != v_buffer.shape[1:]:
+        raise NotImplementedError(
+            f"sgl_kernel::extend_attention_cpu from eagle3_backend.cpu: new keys/values "
+            f"{tuple(k_extend.shape[1:])}/{tuple(v_extend.shape[1:])} per token but the KV cache holds "
+            f"{tuple(k_buffer.shape[1:])}/{tuple(v_buffer.shape[1:])} (an MLA latent cache under an MHA "
+            f"extend) with a cached prefix to attend to; expected the absorbed-MLA path for extends "
+            f"over a prefix. Serve this model with --disable-radix-cache --chunked-prefill-size -1.")
+
+
 def _extend_mask(e: int, prefix: int, is_causal: bool, window_plus_one: int,
                  block: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """mask [E, prefix + E] or, when the whole prefix is visible, [E, E] over the
@@ -151,7 +162,12 @@ def extend_attention_cpu(
             rows = req_to_token[rpi[b], :total].long()
             k = _read_cache(k_buffer, rows, key_scale)
             v = _read_cache(v_buffer, rows, value_scale)
+        elif prefix == 0:
+            # nothing cached yet: the new K/V are all there is. (DeepSeek's MHA prefill passes
+            # k [N, H, 192] while its cache holds the MLA latent [S, 1, 576]: never read here.)
+            k, v = k_extend[s0:s0 + e], v_extend[s0:s0 + e]
         else:
+            _check_prefix_layout(k_extend, v_extend, k_buffer, v_buffer)
             rows = req_to_token[rpi[b], :prefix].long()
             k_new, v_new = k_extend[s0:s0 + e], v_extend[s0:s0 + e]
             kp, vp = _read_cache(k_buffer, rows, key_scale), _read_cache(v_buffer, rows, value_scale)

@@ -1,0 +1,151 @@
+"""Small random-weight targets of each architecture family users serve, for a 2-core CPU.
+
+``write_target(family, out)`` writes a Hugging Face model dir (config.json +
+safetensors + the bundled SmolLM2 tokenizer and chat template) built through
+transformers' own config and model classes with seeded random weights. Each
+keeps its family's real structure at a size a small CPU serves in seconds:
+
+| family        | class                   | what is kept                                              |
+|---------------|-------------------------|-----------------------------------------------------------|
+| llama         | LlamaForCausalLM        | GQA                                                       |
+| qwen3         | Qwen3ForCausalLM        | GQA, per-head q/k RMSNorm                                 |
+| qwen3_moe     | Qwen3MoeForCausalLM     | qk-norm, top-k routed experts (softmax, normalised)       |
+| glm4_moe      | Glm4MoeForCausalLM      | qk-norm, partial rotary, sigmoid grouped routing with a   |
+|               |                         | correction bias, shared experts, first dense layer        |
+| deepseek_v3   | DeepseekV3ForCausalLM   | MLA with q LoRA, the rest as below                        |
+| kimi_k2       | DeepseekV3ForCausalLM   | MLA without q LoRA (Kimi-K2's ``q_lora_rank`` is set;     |
+|               |                         | this variant covers V2-Lite-style ``None``), ``noaux_tc`` |
+|               |                         | grouped routing, shared experts, first_k_dense_replace,   |
+|               |                         | yarn rope (factor 1: exact)                               |
+
+Heads, experts and intermediate sizes are even so that tensor parallel 2 splits
+them. Real checkpoints are bf16/fp8; these are written in ``dtype`` (fp32 or
+bf16: SGLang's fp8 layers need AMX on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+VOCAB = 49152  # the bundled SmolLM2 tokenizer
+HIDDEN = 128
+LAYERS = 8  # the engine default layout (inputs of 2, L//2, L-3) needs at least 7
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
+FFN = 256
+_DONE = "eagle3_tiny_target.json"
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+               num_attention_heads=HEADS, max_position_embeddings=4096, rms_norm_eps=1e-6,
+               tie_word_embeddings=False)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+# SGLang 0.5.23's DeepSeek attention builds its rope from a yarn scaling (the CPU path asserts
+# deepseek_yarn); factor 1.0 makes yarn's ramp and mscale exactly plain rope.
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0,
+         "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+         "mscale": 1.0, "mscale_all_dim": 1.0}
+# Keys SGLang's DeepSeek model file reads from the config without a default.
+_DEEPSEEK_SGLANG_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1,
+                         "num_nextn_predict_layers": 0}
+
+
+def _llama(t: Any) -> Any:
+    return t.LlamaConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         intermediate_size=FFN, rope_parameters=_ROPE)
+
+
+def _qwen3(t: Any) -> Any:
+    return t.Qwen3Config(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         intermediate_size=FFN, rope_parameters=_ROPE)
+
+
+def _qwen3_moe(t: Any) -> Any:
+    return t.Qwen3MoeConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                            intermediate_size=FFN, moe_intermediate_size=64, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                            mlp_only_layers=[0], rope_parameters=_ROPE)
+
+
+def _glm4_moe(t: Any) -> Any:
+    return t.Glm4MoeConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                           intermediate_size=FFN, moe_intermediate_size=64, n_routed_experts=8,
+                           n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                           first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.0,
+                           use_qk_norm=True, attention_bias=True,
+                           rope_parameters={**_ROPE, "partial_rotary_factor": 0.5})
+
+
+def _deepseek(t: Any, q_lora_rank: int | None) -> Any:
+    return t.DeepseekV3Config(**_COMMON, num_key_value_heads=HEADS, intermediate_size=FFN,
+                              moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1,
+                              num_experts_per_tok=2, n_group=4, topk_group=2,
+                              first_k_dense_replace=1, norm_topk_prob=True,
+                              routed_scaling_factor=2.5, kv_lora_rank=64, q_lora_rank=q_lora_rank,
+                              qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+                              rope_parameters=_YARN, rope_interleave=True, num_mtp_layers=0)
+
+
+#: family -> (config builder over the transformers module, extra config.json keys)
+FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
+    "llama": (_llama, {}),
+    "qwen3": (_qwen3, {}),
+    "qwen3_moe": (_qwen3_moe, {}),
+    "glm4_moe": (_glm4_moe, {}),
+    "deepseek_v3": (lambda t: _deepseek(t, q_lora_rank=48), _DEEPSEEK_SGLANG_KEYS),
+    "kimi_k2": (lambda t: _deepseek(t, q_lora_rank=None), _DEEPSEEK_SGLANG_KEYS),
+}
+
+
+def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "float32",
+                 echo: float = 0.0) -> Path:
+    """Write the small ``family`` target to ``out`` (reused when already written the same way).
+
+    ``echo`` > 0 adds ``echo`` x the token embedding to the lm_head, so that greedy output
+    repeats its current token in runs (at 0.35 about 85-90% of tokens on every family, with
+    switches between runs): a target on which a draft that proposes "the same token again"
+    is accepted, and sometimes rejected.
+    """
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from eagle3_backend.errors import TargetError
+    from eagle3_backend.target import bundled_target_path
+
+    if family not in FAMILIES:
+        raise TargetError(f"unknown small-target family {family!r}; expected one of "
+                          f"{', '.join(FAMILIES)}.")
+    out = Path(out)
+    stamp = {"family": family, "seed": seed, "dtype": dtype, "echo": echo}
+    marker = out / _DONE
+    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+        return out
+    build, extra = FAMILIES[family]
+    config = build(transformers)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    _randomize_router_biases(model, seed)
+    if echo:
+        with torch.no_grad():
+            model.lm_head.weight.add_(echo * model.get_input_embeddings().weight)
+    model.eval().save_pretrained(out)
+    if extra:
+        path = out / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}, indent=2))
+    gguf = bundled_target_path()
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    marker.write_text(json.dumps(stamp))
+    return out
+
+
+def _randomize_router_biases(model: Any, seed: int) -> None:
+    """transformers initializes ``e_score_correction_bias`` to zeros; a zero bias would leave
+    the grouped routing's bias path untested, so give it seeded values of the router's scale."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(torch.randn(buf.shape, generator=g) * 0.1)

@@ -1,0 +1,138 @@
+"""The architectures users serve, through real SGLang on this CPU: DeepSeek-V3 / Kimi-K2 (MLA +
+grouped-routing MoE), GLM-4.5 MoE, Qwen3-MoE and Qwen3, each a small random target from
+``eagle3_backend.cpu.tiny_targets`` (transformers' own config classes, fp32).
+
+Per family, three bounded server launches, one at a time: target-only (the reference),
+EAGLE-3 chain with the echo draft (accepted in the target's runs of repeated tokens) and
+EAGLE-3 top-k tree. Each test asserts:
+
+* greedy outputs identical, token for token, to the target-only server (8 prompts);
+* the fc input SGLang built on its first prefill (``EAGLE3_DUMP_FC_INPUT``) equals the HF
+  reference's ``hidden_states`` slot by slot in layout order, for layouts with ``embed``,
+  out of layer order, and (DeepSeek's +1 id rule) ``layer_input:1`` as the lowest capture;
+* chain: SGLang's ``spec_accept_length`` per prompt equals the offline verifier's within 0.05
+  (the same verify steps: nothing lost in the wiring).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpu_drafts import make_echo_draft, make_random_draft
+from cpu_testutil import assert_fc_input_matches_hf, assert_same_tokens, offline_acceptance
+
+pytestmark = [pytest.mark.server, pytest.mark.sglang]
+
+NUM_PROMPTS = 8
+NEW_TOKENS = 24
+START_TIMEOUT = 420.0
+REQUEST_TIMEOUT = 120.0
+REPO = Path(__file__).resolve().parents[2]
+
+# family -> (chain: echo draft layout, tree: (draft kind, layout))
+CASES = {
+    # +1 rule: the lowest capture is layer_input:1, so the ids handed to the model file must
+    # not start with 1 (a random draft: the echo draft needs an embed slot)
+    "deepseek_v3": ("[layer_input:5, embed, layer_input:2]", ("random", "[layer_input:1, layer_input:4, layer_input:6]")),
+    "kimi_k2": ("[embed, layer_input:1, layer_input:6]", ("echo", "[layer_input:3, embed, layer_input:7]")),
+    "glm4_moe": ("[layer_input:6, layer_input:1, embed]", ("random", "[layer_input:1, layer_input:2, layer_input:7]")),
+    "qwen3_moe": ("[embed, layer_input:4, layer_input:7]", ("echo", "[layer_input:2, embed, layer_input:5]")),
+    "qwen3": ("[layer_input:7, embed, layer_input:3]", ("echo", "[embed, layer_input:1, layer_input:4]")),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def target(family, tmp_path_factory) -> Path:
+    from eagle3_backend.cpu.tiny_targets import write_target
+
+    return write_target(family, tmp_path_factory.mktemp(family) / "target", echo=0.35)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> dict[str, tuple[list[int], int]]:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for i in range(NUM_PROMPTS):
+        n = int(torch.randint(6, 20, (1,), generator=g))
+        out[f"p{i}"] = (torch.randint(100, 40000, (n,), generator=g).tolist(), NEW_TOKENS)
+    return out
+
+
+def _serve(spec, plugin_site, log: Path, prompts, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    from eagle3_backend.cpu.launch import CpuServer
+
+    with CpuServer(spec, log, pythonpath=(str(plugin_site), str(REPO)), start_timeout=START_TIMEOUT,
+                   env_extra=env or {}) as srv:
+        outs = {name: srv.generate(ids, n, timeout=REQUEST_TIMEOUT) for name, (ids, n) in prompts.items()}
+        return outs, srv.log_text()
+
+
+def _spec(target: Path, draft: Path | None, tree: bool = False):
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    extra = ("--skip-tokenizer-init",)
+    if draft is None:
+        return ServerSpec(str(target), extra_args=extra)
+    if tree:
+        return ServerSpec(str(target), str(draft), num_steps=3, topk=4, num_draft_tokens=8, extra_args=extra)
+    return ServerSpec(str(target), str(draft), num_steps=3, topk=1, num_draft_tokens=4, extra_args=extra)
+
+
+@pytest.fixture(scope="module")
+def reference(family, target, prompts, plugin_site, tmp_path_factory) -> dict[str, dict]:
+    log = tmp_path_factory.mktemp(f"{family}-srv") / "target_only.log"
+    outs, text = _serve(_spec(target, None), plugin_site, log, prompts)
+    arch = {"deepseek_v3": "DeepseekV3", "kimi_k2": "DeepseekV3", "glm4_moe": "Glm4Moe",
+            "qwen3_moe": "Qwen3Moe", "qwen3": "Qwen3"}[family]
+    assert f"eagle3_backend.cpu platform: {arch}ForCausalLM loaded" in text
+    for name, out in outs.items():
+        assert len(out["output_ids"]) == NEW_TOKENS, (name, out["meta_info"])
+    # the echo target repeats in runs, but not only one token: the comparison has content
+    assert len({t for o in outs.values() for t in o["output_ids"]}) >= 2 * NUM_PROMPTS
+    return outs
+
+
+def _check_served(text: str, layout: str, target: Path, tmp_path: Path) -> None:
+    assert f"EAGLE-3 layout {layout} -> fc input" in text and "(checked)" in text, text[-3000:]
+    (dump,) = tmp_path.glob("fc_*.safetensors")
+    assert_fc_input_matches_hf(dump, target, layout)
+
+
+def test_chain_equals_target_fc_input_and_acceptance(family, target, reference, prompts, plugin_site, tmp_path):
+    layout = CASES[family][0]
+    draft = make_echo_draft(tmp_path / "echo-draft", target, layout=layout)
+    env = {"EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
+    outs, text = _serve(_spec(target, draft), plugin_site, tmp_path / "chain.log", prompts, env)
+    assert_same_tokens(outs, reference, f"{family} EAGLE-3 chain, echo draft {layout}")
+    _check_served(text, layout, target, tmp_path)
+
+    offline = offline_acceptance(target, draft, prompts, list(prompts), 3, 1, 4)
+    served = {}
+    for name, out in outs.items():
+        length, tokens = offline[name]
+        assert tokens == out["output_ids"], f"{family} {name}: the offline verifier's output differs"
+        served[name] = float(out["meta_info"]["spec_accept_length"])
+        assert abs(length - served[name]) <= 0.05, (family, name, length, served[name])
+    # a draft that accepts: most steps commit more than one token
+    assert sum(served.values()) / len(served) > 2.0, served
+
+
+def test_tree_equals_target_and_fc_input(family, target, reference, prompts, plugin_site, tmp_path):
+    kind, layout = CASES[family][1]
+    make = make_echo_draft if kind == "echo" else make_random_draft
+    draft = make(tmp_path / f"{kind}-draft", target, layout=layout)
+    env = {"EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
+    outs, text = _serve(_spec(target, draft, tree=True), plugin_site, tmp_path / "tree.log", prompts, env)
+    assert_same_tokens(outs, reference, f"{family} EAGLE-3 tree topk 4, {kind} draft {layout}")
+    _check_served(text, layout, target, tmp_path)
+    lengths = [float(o["meta_info"]["spec_accept_length"]) for o in outs.values()]
+    if kind == "echo":
+        assert sum(lengths) / len(lengths) > 2.0, lengths
