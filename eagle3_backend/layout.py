@@ -1,7 +1,8 @@
 """The canonical, engine-neutral hidden-state layout of an EAGLE-3 draft.
 
 An EAGLE-3 draft's fc layer reads K target hidden states side by side. Every
-engine numbers those states differently (see DESIGN.md, "The bug class"), so
+engine numbers those states differently (see docs/design.md,
+"The bug class this project exists to end"), so
 this module gives them one name and owns every translation:
 
 * ``embed``          the residual stream entering decoder layer 0 (the token
@@ -22,7 +23,8 @@ appear in the fc input. Example, a Kimi-K2 / DeepSeek-V3 target (hidden 7168,
     >>> lay == Layout.parse("[layer_input:3, layer_input:31, layer_input:59]")
     False
 
-Engine conventions (one function pair per column of the DESIGN table):
+Engine conventions (one function pair per column of the conventions table in
+docs/design.md, "The bug class this project exists to end"):
 
 ============  ==========================================  ===================
 engine        id k means                                  order

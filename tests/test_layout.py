@@ -1,4 +1,5 @@
-"""The canonical layout and every engine translation (one test per DESIGN table row)."""
+"""The canonical layout and every engine translation (one test per row of the conventions
+table in docs/design.md, "The bug class this project exists to end")."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_check_range():
         Layout.parse("[layer_input:62]").check_range(KIMI_LAYERS)
 
 
-# ---------------------------------------------------------- DESIGN table rows
+# ---------------------------------------------------------- conventions table rows
 def test_specforge_ids_are_layer_outputs_in_list_order():
     lay = Layout.from_specforge_ids([26, 1, 14])
     assert lay.to_strings() == ["layer_input:27", "layer_input:2", "layer_input:15"]
@@ -72,7 +73,7 @@ def test_specforge_ids_are_layer_outputs_in_list_order():
 
 
 def test_specforge_equals_speculators_shifted_by_one():
-    # DESIGN.md: SpecForge [1, 14, 26] == speculators [2, 15, 27]
+    # docs/design.md, "Peer formats": SpecForge [1, 14, 26] == speculators [2, 15, 27]
     assert Layout.from_specforge_ids([1, 14, 26]) == Layout.from_speculators_ids([2, 15, 27])
     assert Layout.from_specforge_ids([1, 14, 26]).to_speculators_ids() == [2, 15, 27]
 

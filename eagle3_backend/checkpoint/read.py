@@ -1,6 +1,6 @@
 """Detect a draft checkpoint's format and read it into a :class:`LoadedDraft`.
 
-Layout precedence (DESIGN.md, "The bug class"):
+Layout precedence (docs/design.md, "The bug class this project exists to end"):
 
 1. ``explicit``: this package's ``eagle3_layout`` key in config.json;
 2. ``engine-ids``: the engine's layer ids, translated by :mod:`eagle3_backend.layout`

@@ -2,7 +2,8 @@
 
 A draft reads its fc input in *layout* order (``[embed, layer_input:3,
 layer_input:31]``). SGLang 0.5.23's target model files capture in *layer* order
-from ids whose meaning differs per file (DESIGN.md, "The bug class"). This
+from ids whose meaning differs per file (docs/design.md,
+"The bug class this project exists to end"). This
 module owns the translation for one served pair, the :class:`ServingPlan`:
 
 * ``capture_layers``: the decoder-layer indices ``i`` whose input the model
