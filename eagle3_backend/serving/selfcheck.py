@@ -7,9 +7,10 @@ Two facts are checked on the first extend (prefill) batch the target runs:
 * no two slots are identical (two sources captured as one state, or a slot
   never written).
 
-On success one line is logged::
+On success one line is logged (with an embed slot, how many of the tokens fell in this
+rank's vocabulary shard)::
 
-    EAGLE-3 layout [embed, layer_input:3, layer_input:31] -> fc input 21504 (checked)
+    EAGLE-3 layout [embed, layer_input:3, layer_input:31] -> fc input 21504 (checked); embed slot on this rank's vocabulary shard [0, 20352): 17 of 24 tokens
 
 On failure the scheduler stops with a LayoutMismatch. Tensor parallel: the
 embedding is vocabulary-sharded, so each rank compares the rows of the tokens
@@ -102,4 +103,8 @@ def self_check(packed: torch.Tensor, input_ids: torch.Tensor, layout: Layout,
                 )
     logger.debug("self-check compared %d embed rows and %d slot pairs over %d tokens",
                  checked_embed, K * (K - 1) // 2, T)
-    return f"EAGLE-3 layout {layout} -> fc input {width} (checked)"
+    shard = ""
+    if layout.has_embed:  # under tensor parallel each rank holds (and checks) its vocabulary shard
+        shard = (f"; embed slot on this rank's vocabulary shard [{embedding.start}, {embedding.end}): "
+                 f"{checked_embed} of {T} tokens")
+    return f"EAGLE-3 layout {layout} -> fc input {width} (checked){shard}"

@@ -39,3 +39,54 @@ def smollm2_dir(tmp_path_factory) -> Path:
 
     out = os.environ.get("EAGLE3_CPU_TARGET_DIR") or tmp_path_factory.mktemp("smollm2") / "target"
     return convert_gguf_to_hf(out)
+
+
+FAMILY_PROMPTS = 8
+FAMILY_NEW_TOKENS = 24
+FAMILY_ARCH = {"llama": "Llama", "deepseek_v3": "DeepseekV3", "kimi_k2": "DeepseekV3", "glm4_moe": "Glm4Moe",
+               "qwen3_moe": "Qwen3Moe", "qwen3": "Qwen3"}
+
+
+@pytest.fixture(scope="session")
+def family_prompts() -> dict[str, tuple[list[int], int]]:
+    """8 seeded random-id prompts (6-19 tokens) and the new tokens each is asked for."""
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for i in range(FAMILY_PROMPTS):
+        n = int(torch.randint(6, 20, (1,), generator=g))
+        out[f"p{i}"] = (torch.randint(100, 40000, (n,), generator=g).tolist(), FAMILY_NEW_TOKENS)
+    return out
+
+
+@pytest.fixture(scope="session")
+def family_target(tmp_path_factory):
+    """family -> the small random target of that family (eagle3_backend.cpu.tiny_targets, echo
+    0.35: its greedy output repeats in runs, where the echo draft is accepted), written once."""
+    from eagle3_backend.cpu.tiny_targets import write_target
+
+    root = tmp_path_factory.mktemp("families")
+    return lambda family: write_target(family, root / family, echo=0.35)
+
+
+@pytest.fixture(scope="session")
+def family_reference(family_target, family_prompts, plugin_site, tmp_path_factory):
+    """family -> the tp 1 target-only server's greedy outputs for family_prompts (one launch each)."""
+    from cpu_testutil import family_spec, serve_prompts
+
+    cache: dict[str, dict[str, dict]] = {}
+
+    def get(family: str) -> dict[str, dict]:
+        if family not in cache:
+            log = tmp_path_factory.mktemp(f"{family}-srv") / "target_only.log"
+            outs, text = serve_prompts(family_spec(family_target(family)), plugin_site, log, family_prompts)
+            assert f"eagle3_backend.cpu platform: {FAMILY_ARCH[family]}ForCausalLM loaded" in text
+            for name, out in outs.items():
+                assert len(out["output_ids"]) == FAMILY_NEW_TOKENS, (name, out["meta_info"])
+                assert "spec_accept_length" not in out["meta_info"]
+            # the echo target repeats in runs, but not one token only: the comparison has content
+            runs = [len(set(o["output_ids"])) for o in outs.values()]
+            assert sum(r > 1 for r in runs) >= FAMILY_PROMPTS // 2, runs
+            cache[family] = outs
+        return cache[family]
+
+    return get

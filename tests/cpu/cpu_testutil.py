@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -76,3 +78,31 @@ def assert_fc_input_matches_hf(dump, target_dir, layout: str, rtol: float = 1e-4
         else:
             assert_close_report(slot, want, atol=rtol * max(1.0, want.abs().max().item()), rtol=rtol,
                                 what=f"fc input slot {j} ({src}) vs HF hidden_states[{src.layer}]")
+
+
+# ------------------------------------------------------------------ servers of the family tier
+START_TIMEOUT = 420.0
+REQUEST_TIMEOUT = 120.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+def family_spec(target, draft=None, tree: bool = False, tp: int = 1):
+    """Target-only, EAGLE-3 chain (3 steps) or top-k 4 tree, input ids only (random targets)."""
+    from eagle3_backend.cpu.launch import ServerSpec
+
+    extra = ("--skip-tokenizer-init",) + (("--tp-size", str(tp)) if tp > 1 else ())
+    if draft is None:
+        return ServerSpec(str(target), extra_args=extra)
+    if tree:
+        return ServerSpec(str(target), str(draft), num_steps=3, topk=4, num_draft_tokens=8, extra_args=extra)
+    return ServerSpec(str(target), str(draft), num_steps=3, topk=1, num_draft_tokens=4, extra_args=extra)
+
+
+def serve_prompts(spec, plugin_site, log, prompts, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """Start a bounded server, send every prompt greedily one at a time, stop it: (outputs, log)."""
+    from eagle3_backend.cpu.launch import CpuServer
+
+    with CpuServer(spec, Path(log), pythonpath=(str(plugin_site), str(REPO)), start_timeout=START_TIMEOUT,
+                   env_extra=env or {}) as srv:
+        outs = {name: srv.generate(ids, n, timeout=REQUEST_TIMEOUT) for name, (ids, n) in prompts.items()}
+        return outs, srv.log_text()

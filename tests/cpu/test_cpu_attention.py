@@ -82,6 +82,35 @@ def test_extend_reads_extend_kv_from_cache_when_not_given(sgl_ops):
     assert_close_report(got, _ref_extend(c), *TOL[torch.float32], what="extend k from cache")
 
 
+def test_mha_prefill_over_an_mla_latent_cache(sgl_ops):
+    # DeepSeek's fresh prefill: q/k [N, H, 192], v [N, H, 128] while the cache holds the MLA
+    # latent [S, 1, 576] (written by the model itself); nothing cached precedes the extend.
+    g = torch.Generator().manual_seed(9)
+    ext = [3, 5]
+    n, h, dqk, dv = sum(ext), 4, 24, 16
+    q, k = torch.randn(n, h, dqk, generator=g), torch.randn(n, h, dqk, generator=g)
+    v = torch.randn(n, h, dv, generator=g)
+    latent = torch.randn(S, 1, 40, generator=g)
+    rtt = torch.zeros(2, POOL_LEN, dtype=torch.int32)
+    rtt[0, :3], rtt[1, :5] = torch.arange(1, 4), torch.arange(4, 9)
+    args = (torch.tensor([0, 1]), torch.tensor(ext, dtype=torch.int64), torch.tensor(ext, dtype=torch.int32),
+            torch.tensor([0, 3], dtype=torch.int32), 5, dqk ** -0.5, 0.0, False, 0, None, None, None, True)
+    o = torch.full((n, h, dv), float("nan"))
+    sgl_ops.extend_attention_cpu(q, k, v, o, latent, latent[..., :32], 1.0, 1.0, rtt, *args)
+    for b, (s0, e) in enumerate(((0, 3), (3, 5))):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[s0:s0 + e].transpose(0, 1), k[s0:s0 + e].transpose(0, 1), v[s0:s0 + e].transpose(0, 1),
+            is_causal=True).transpose(0, 1)
+        assert_close_report(o[s0:s0 + e], want, 2e-5, 2e-5, what=f"MHA prefill request {b}")
+    # with a cached prefix the latent cache cannot be read as keys: refused by name
+    seq = torch.tensor([4, 5], dtype=torch.int64)
+    with pytest.raises(NotImplementedError, match=r"an MLA latent cache under an MHA extend"):
+        sgl_ops.extend_attention_cpu(q[:6], k[:6], v[:6], o[:6], latent, latent[..., :32], 1.0, 1.0, rtt,
+                                     torch.tensor([0, 1]), seq, torch.tensor([1, 5], dtype=torch.int32),
+                                     torch.tensor([0, 1], dtype=torch.int32), 5, dqk ** -0.5, 0.0, False,
+                                     0, None, None, None, True)
+
+
 def test_extend_tree_mask_restricts_draft_block(sgl_ops):
     # Verify with a 4-node tree: 0 -> {1, 2}, 1 -> 3. Rows = query, cols = visible draft node.
     tree = torch.tensor([[1, 0, 0, 0],

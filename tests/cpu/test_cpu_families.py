@@ -19,18 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-
 from cpu_drafts import make_echo_draft, make_random_draft
-from cpu_testutil import assert_fc_input_matches_hf, assert_same_tokens, offline_acceptance
+from cpu_testutil import assert_fc_input_matches_hf, assert_same_tokens, family_spec, offline_acceptance, serve_prompts
 
 pytestmark = [pytest.mark.server, pytest.mark.sglang]
 
-NUM_PROMPTS = 8
-NEW_TOKENS = 24
-START_TIMEOUT = 420.0
-REQUEST_TIMEOUT = 120.0
-REPO = Path(__file__).resolve().parents[2]
 
 # family -> (chain: echo draft layout, tree: (draft kind, layout))
 CASES = {
@@ -50,54 +43,13 @@ def family(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def target(family, tmp_path_factory) -> Path:
-    from eagle3_backend.cpu.tiny_targets import write_target
-
-    return write_target(family, tmp_path_factory.mktemp(family) / "target", echo=0.35)
+def target(family, family_target) -> Path:
+    return family_target(family)
 
 
 @pytest.fixture(scope="module")
-def prompts() -> dict[str, tuple[list[int], int]]:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for i in range(NUM_PROMPTS):
-        n = int(torch.randint(6, 20, (1,), generator=g))
-        out[f"p{i}"] = (torch.randint(100, 40000, (n,), generator=g).tolist(), NEW_TOKENS)
-    return out
-
-
-def _serve(spec, plugin_site, log: Path, prompts, env: dict[str, str] | None = None) -> tuple[dict, str]:
-    from eagle3_backend.cpu.launch import CpuServer
-
-    with CpuServer(spec, log, pythonpath=(str(plugin_site), str(REPO)), start_timeout=START_TIMEOUT,
-                   env_extra=env or {}) as srv:
-        outs = {name: srv.generate(ids, n, timeout=REQUEST_TIMEOUT) for name, (ids, n) in prompts.items()}
-        return outs, srv.log_text()
-
-
-def _spec(target: Path, draft: Path | None, tree: bool = False):
-    from eagle3_backend.cpu.launch import ServerSpec
-
-    extra = ("--skip-tokenizer-init",)
-    if draft is None:
-        return ServerSpec(str(target), extra_args=extra)
-    if tree:
-        return ServerSpec(str(target), str(draft), num_steps=3, topk=4, num_draft_tokens=8, extra_args=extra)
-    return ServerSpec(str(target), str(draft), num_steps=3, topk=1, num_draft_tokens=4, extra_args=extra)
-
-
-@pytest.fixture(scope="module")
-def reference(family, target, prompts, plugin_site, tmp_path_factory) -> dict[str, dict]:
-    log = tmp_path_factory.mktemp(f"{family}-srv") / "target_only.log"
-    outs, text = _serve(_spec(target, None), plugin_site, log, prompts)
-    arch = {"deepseek_v3": "DeepseekV3", "kimi_k2": "DeepseekV3", "glm4_moe": "Glm4Moe",
-            "qwen3_moe": "Qwen3Moe", "qwen3": "Qwen3"}[family]
-    assert f"eagle3_backend.cpu platform: {arch}ForCausalLM loaded" in text
-    for name, out in outs.items():
-        assert len(out["output_ids"]) == NEW_TOKENS, (name, out["meta_info"])
-    # the echo target repeats in runs, but not only one token: the comparison has content
-    assert len({t for o in outs.values() for t in o["output_ids"]}) >= 2 * NUM_PROMPTS
-    return outs
+def reference(family, family_reference) -> dict[str, dict]:
+    return family_reference(family)
 
 
 def _check_served(text: str, layout: str, target: Path, tmp_path: Path) -> None:
@@ -106,15 +58,15 @@ def _check_served(text: str, layout: str, target: Path, tmp_path: Path) -> None:
     assert_fc_input_matches_hf(dump, target, layout)
 
 
-def test_chain_equals_target_fc_input_and_acceptance(family, target, reference, prompts, plugin_site, tmp_path):
+def test_chain_equals_target_fc_input_and_acceptance(family, target, reference, family_prompts, plugin_site, tmp_path):
     layout = CASES[family][0]
     draft = make_echo_draft(tmp_path / "echo-draft", target, layout=layout)
     env = {"EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
-    outs, text = _serve(_spec(target, draft), plugin_site, tmp_path / "chain.log", prompts, env)
+    outs, text = serve_prompts(family_spec(target, draft), plugin_site, tmp_path / "chain.log", family_prompts, env)
     assert_same_tokens(outs, reference, f"{family} EAGLE-3 chain, echo draft {layout}")
     _check_served(text, layout, target, tmp_path)
 
-    offline = offline_acceptance(target, draft, prompts, list(prompts), 3, 1, 4)
+    offline = offline_acceptance(target, draft, family_prompts, list(family_prompts), 3, 1, 4)
     served = {}
     for name, out in outs.items():
         length, tokens = offline[name]
@@ -125,12 +77,12 @@ def test_chain_equals_target_fc_input_and_acceptance(family, target, reference, 
     assert sum(served.values()) / len(served) > 2.0, served
 
 
-def test_tree_equals_target_and_fc_input(family, target, reference, prompts, plugin_site, tmp_path):
+def test_tree_equals_target_and_fc_input(family, target, reference, family_prompts, plugin_site, tmp_path):
     kind, layout = CASES[family][1]
     make = make_echo_draft if kind == "echo" else make_random_draft
     draft = make(tmp_path / f"{kind}-draft", target, layout=layout)
     env = {"EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
-    outs, text = _serve(_spec(target, draft, tree=True), plugin_site, tmp_path / "tree.log", prompts, env)
+    outs, text = serve_prompts(family_spec(target, draft, tree=True), plugin_site, tmp_path / "tree.log", family_prompts, env)
     assert_same_tokens(outs, reference, f"{family} EAGLE-3 tree topk 4, {kind} draft {layout}")
     _check_served(text, layout, target, tmp_path)
     lengths = [float(o["meta_info"]["spec_accept_length"]) for o in outs.values()]

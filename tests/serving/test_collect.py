@@ -194,7 +194,7 @@ def test_logits_hook_hands_on_the_packed_input_and_self_checks_once(active, capl
         runtime.before_logits_forward(lp, ids, torch.zeros(5, H), None, extend, aux_hidden_states=aux)
     assert not collect.state().selfcheck_pending
     lines = [r.getMessage() for r in caplog.records]
-    assert "EAGLE-3 layout [layer_input:6, embed, layer_input:3] -> fc input 48 (checked)" in lines
+    assert "EAGLE-3 layout [layer_input:6, embed, layer_input:3] -> fc input 48 (checked); embed slot on this rank's vocabulary shard [0, 50): 5 of 5 tokens" in lines
 
 
 def test_self_check_catches_a_wrong_embed_slot_and_identical_slots():
@@ -204,10 +204,15 @@ def test_self_check_catches_a_wrong_embed_slot_and_identical_slots():
     shard = EmbeddingShard.of(emb)
     g = torch.Generator().manual_seed(8)
     good = torch.cat([torch.randn(3, H, generator=g), emb.weight[ids].detach(), torch.randn(3, H, generator=g)], -1)
-    assert self_check(good, ids, layout, shard).endswith("-> fc input 48 (checked)")
+    assert self_check(good, ids, layout, shard).endswith(
+        "-> fc input 48 (checked); embed slot on this rank's vocabulary shard [0, 50): 3 of 3 tokens")
     swapped = torch.cat([good[:, H:2 * H], good[:, :H], good[:, 2 * H:]], -1)  # embed in slot 0
     with pytest.raises(LayoutMismatch, match=r"fc slot 1 \(embed\) .* differs from the target's embedding"):
         self_check(swapped, ids, layout, shard)
+    # tensor parallel: a rank holds rows [start, end) of the vocabulary and checks those ids
+    half = EmbeddingShard(emb.weight[8:], 8, 50)
+    assert self_check(good, ids, layout, half).endswith(
+        "-> fc input 48 (checked); embed slot on this rank's vocabulary shard [8, 50): 2 of 3 tokens")
     twice = torch.cat([good[:, :H], good[:, H:2 * H], good[:, :H]], -1)
     with pytest.raises(LayoutMismatch, match=r"fc slots 0 \(layer_input:6\) and 2 \(layer_input:3\) .* identical"):
         self_check(twice, ids, layout, shard)
