@@ -9,6 +9,7 @@ from serving_drafts import DRAFT_VOCAB, HIDDEN, VOCAB, tiny_target, write_draft
 
 from eagle3_backend.errors import CheckpointError, LayoutError, LayoutMismatch, ServingError
 from eagle3_backend.layout import Layout
+from eagle3_backend.checkpoint import suite
 from eagle3_backend.serving import checks
 from eagle3_backend.serving.checks import LaunchArgs, check_launch
 
@@ -39,14 +40,16 @@ def test_other_algorithms_are_left_alone(tmp_path):
 def test_eagle_given_an_eagle3_draft_is_refused(tmp_path):
     draft = write_draft(tmp_path / "d")
     with pytest.raises(ServingError, match=r"--speculative-algorithm EAGLE was given an EAGLE-3 "
-                                           r"draft.*acceptance length 1\.00.*Use --speculative-algorithm EAGLE3"):
+                                           r"draft.*expected --speculative-algorithm EAGLE3.*"
+                                           r"acceptance length 1\.00"):
         check_launch(LaunchArgs(algorithm="eagle", draft_path=str(draft)), None, NO_ENV)
 
 
 def test_fc_width_is_refused(tmp_path):
     draft = write_draft(tmp_path / "d", fc_in=2 * HIDDEN)
-    with pytest.raises(LayoutMismatch, match=r"draft fc expects 128 inputs; layout \[embed, "
-                                             r"layer_input:2, layer_input:5\] gives 3 x 64 = 192"):
+    with pytest.raises(LayoutMismatch, match=r"fc.weight takes 128 inputs; expected 192 = layout "
+                                             r"\[embed, layer_input:2, layer_input:5\] \(3 sources\) "
+                                             r"x target LlamaForCausalLM hidden size 64\. "):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
 
 
@@ -54,7 +57,7 @@ def test_sglang_width_from_config_is_refused(tmp_path):
     # SGLang sizes fc and its buffers from len(eagle_config ids) when the config has no
     # num_aux_hidden_states: two ids for a three-source layout would build a 2 x 64 fc.
     draft = write_draft(tmp_path / "d", ids=[1, 4])
-    with pytest.raises(LayoutMismatch, match=r"SGLang derives 2 fc input slots .* has 3"):
+    with pytest.raises(LayoutMismatch, match=r"SGLang derives the fc input slots .*: 2; expected 3"):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
     draft = write_draft(tmp_path / "e", config_extra={"num_aux_hidden_states": 2})
     with pytest.raises(CheckpointError, match=r"'num_aux_hidden_states' is 2, but the layout"):
@@ -63,13 +66,13 @@ def test_sglang_width_from_config_is_refused(tmp_path):
 
 def test_layer_out_of_range_is_refused(tmp_path):
     draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"])
-    with pytest.raises(LayoutError, match=r"names layer_input:11, but the target has 8 decoder layers"):
+    with pytest.raises(LayoutError, match=r"names layer_input:11; expected sources of the target's 8 decoder layers"):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
 
 
 def test_last_layer_output_is_refused_where_the_model_file_cannot_capture_it(tmp_path):
     draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:8"])
-    with pytest.raises(LayoutError, match=r"needs layer_input:8 .* cannot capture"):
+    with pytest.raises(LayoutError, match=r"needs layer_input:8 .*; expected layer inputs 0..7, all .* captures"):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
     plan = check_launch(eagle3(draft), tiny_target("GptOssForCausalLM"), NO_ENV)
     assert plan.model_ids() == [0, 2, 8]  # gpt-oss: verbatim because max(ids) == L
@@ -77,7 +80,7 @@ def test_last_layer_output_is_refused_where_the_model_file_cannot_capture_it(tmp
 
 def test_vocabulary_mismatch_is_refused(tmp_path):
     draft = write_draft(tmp_path / "d", vocab=32000)
-    with pytest.raises(CheckpointError, match=r"draft vocab_size .* is 32000 but target .* has 49152"):
+    with pytest.raises(CheckpointError, match=r"vocab_size .* is 32000; expected 49152"):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
 
 
@@ -92,7 +95,7 @@ def test_tensor_sglang_would_skip_is_refused(tmp_path):
     with pytest.raises(CheckpointError) as err:
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
     msg = str(err.value)
-    assert "would skip tensor(s) ['model.lm_head.weight'] without a word" in msg
+    assert "would skip tensor(s) ['model.lm_head.weight']; expected every tensor" in msg
     assert "would keep parameter(s) ['lm_head.weight'] at their random initial values" in msg
 
 
@@ -149,7 +152,7 @@ def test_ids_only_draft_is_read_by_the_target_rule(tmp_path):
 
 def test_unsupported_target_and_parallel_setups_are_refused(tmp_path):
     draft = write_draft(tmp_path / "d")
-    with pytest.raises(ServingError, match=r"'MixtralForCausalLM' is not supported"):
+    with pytest.raises(ServingError, match=r"target architecture 'MixtralForCausalLM'; expected one the eagle3_backend SGLang plugin supports"):
         check_launch(eagle3(draft), tiny_target("MixtralForCausalLM"), NO_ENV)
     with pytest.raises(ServingError, match=r"(?s)2 problems.*--pp-size 2.*--enable-two-batch-overlap"):
         check_launch(LaunchArgs("EAGLE3", str(draft), pp_size=2, two_batch_overlap=True),
@@ -169,11 +172,11 @@ def test_more_draft_tokens_than_the_tree_proposes_is_refused(tmp_path):
     assert str(err.value) == (
         "eagle3_backend refuses to start: --speculative-num-draft-tokens 16 with "
         "--speculative-num-steps 1 --speculative-eagle-topk 2; a draft tree of 1 step(s) with "
-        "top-k 2 proposes at most 2 tokens, so a verify step holds at most 3 (the root + 2). "
+        "top-k 2 proposes at most 2 tokens; expected a verify step of at most 3 (the root + 2). "
         "SGLang would load every weight and then stop at the first decode ('selected index k "
         "out of range'). Lower --speculative-num-draft-tokens to 3 or less, or raise "
         "--speculative-num-steps or --speculative-eagle-topk.")
-    with pytest.raises(ServingError, match=r"proposes at most 10 tokens, .* at most 11 "):
+    with pytest.raises(ServingError, match=r"proposes at most 10 tokens; expected .* at most 11 "):
         check_launch(_tree(draft, 3, 2, 12), tiny_target(), NO_ENV)
 
 
@@ -186,8 +189,8 @@ def test_fewer_draft_tokens_than_the_accepted_path_is_refused(tmp_path):
     assert str(err.value) == (
         "eagle3_backend refuses to start: --speculative-num-draft-tokens 2 with "
         "--speculative-num-steps 3 --speculative-eagle-topk 4; SGLang's tree verify lays the "
-        "accepted path (up to steps + 1 = 4 tokens) into each request's 2 draft-token slots, "
-        "so it needs at least 4. SGLang would load every weight and then stop at the first "
+        "accepted path (up to steps + 1 = 4 tokens) into each request's 2 draft-token slots; "
+        "expected at least 4 slots. SGLang would load every weight and then stop at the first "
         "verify (a tensor size mismatch). Raise --speculative-num-draft-tokens to 4 or more, "
         "or lower --speculative-num-steps to 1.")
 
@@ -203,11 +206,11 @@ def test_tree_sizes_sglang_can_verify_pass(tmp_path, steps, topk, n):
 def test_problems_are_reported_together(tmp_path):
     draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"],
                         fc_in=2 * HIDDEN, vocab=32000)
-    with pytest.raises(LayoutMismatch) as err:
+    with pytest.raises(LayoutMismatch) as err:  # the first problem's kind
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
     msg = str(err.value)
-    assert msg.startswith("eagle3_backend refuses to start (")
-    for part in ("LayoutMismatch: draft fc expects 128", "LayoutError: layout", "CheckpointError: draft vocab_size"):
+    assert msg.startswith("eagle3_backend refuses to start (3 problems with draft ")
+    for part in ("fc.weight takes 128", "names layer_input:11", "vocab_size (the target"):
         assert part in msg, msg
 
 
@@ -225,14 +228,14 @@ def test_problems_are_reported_together(tmp_path):
 ])
 def test_sglang_loader_model(name, expected):
     raw = {"num_hidden_layers": 1, "tie_word_embeddings": False, "draft_vocab_size": DRAFT_VOCAB}
-    params = checks.sglang_draft_params(raw, 3)
-    assert checks.sglang_load_target(name, params) == expected
+    params = suite.sglang_draft_params(raw, 3)
+    assert suite.sglang_load_target(name, params) == expected
 
 
 def test_sglang_params_follow_the_config_flags():
     base = {"num_hidden_layers": 1}
-    assert "model.fc.bias" not in checks.sglang_draft_params(base, 3)
-    flags = checks.sglang_draft_params({**base, "bias": True, "fc_norm": True,
+    assert "model.fc.bias" not in suite.sglang_draft_params(base, 3)
+    flags = suite.sglang_draft_params({**base, "bias": True, "fc_norm": True,
                                         "eagle_config": {"norm_before_fc": True},
                                         "tie_word_embeddings": True}, 3)
     assert {"model.fc.bias", "model.layers.0.self_attn.o_proj.bias", "model.input_norm.weight",
