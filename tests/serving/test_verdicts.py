@@ -1,0 +1,106 @@
+"""`eagle3 validate` says what a real server start says, for every broken draft (marker ``server``).
+
+Each case is one defect, fed to ``eagle3 validate --json`` (in process) and to
+``python -m sglang.launch_server`` (CPU engine) with the same flags. Both run the
+check suite (eagle3_backend.checkpoint.suite), so the verdict and every message
+must be the same: the launch ends before any weight is read, with exit status 2
+and the refusal's paragraph only (no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from serving_drafts import HIDDEN, VOCAB, write_draft
+from serving_launch import declared_entry_points, launch_server, subprocess_env
+
+from eagle3_backend.cli import main
+from eagle3_backend.serving.checks import REFUSES
+from eagle3_backend.serving.runtime import EXIT_REFUSED
+
+pytestmark = [pytest.mark.server, pytest.mark.sglang]
+
+TIMEOUT = 150  # s per launch; a refusal takes 20-40 s on 2 loaded cores
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4"]
+
+# case: (write_draft defects, flags for validate and the server, a phrase of the refusal)
+CASES = {
+    "architectures": (dict(config_extra={"architectures": ["LlamaForCausalLM"]}), TREE,
+                      "declares architectures ['LlamaForCausalLM']; expected "
+                      "['LlamaForCausalLMEagle3']"),
+    "fc-width": (dict(fc_in=2 * HIDDEN), TREE, "fc.weight takes 128 inputs; expected 192"),
+    "layer-range": (dict(layout=["embed", "layer_input:2", "layer_input:11"]), TREE,
+                    "names layer_input:11; expected sources of the target's 8 decoder layers"),
+    "vocab-map-wrong": (dict(d2t_shift=VOCAB), TREE,
+                        "draft id(s) outside the target vocabulary [0, 49152)"),
+    "vocab-map-missing": (dict(drop=("d2t", "t2d")), TREE, "missing tensor(s) ['d2t', 't2d']"),
+    "algorithm-eagle": ({}, ["--speculative-algorithm", "EAGLE", *TREE],
+                        "--speculative-algorithm EAGLE was given an EAGLE-3 draft"),
+    "unknown-tensor": (dict(extra={"fc.bias": torch.zeros(HIDDEN)}), TREE,
+                       "SGLang's EAGLE-3 loader would skip tensor(s) ['fc.bias']"),
+    "missing-tensor": (dict(drop=("midlayer.mlp.down_proj.weight",)), TREE,
+                       "would keep parameter(s) ['model.layers.0.mlp.down_proj.weight'] at their "
+                       "random initial values"),
+    "tree-size": ({}, ["--speculative-num-steps", "1", "--speculative-eagle-topk", "2",
+                       "--speculative-num-draft-tokens", "16"],
+                  "proposes at most 2 tokens; expected a verify step of at most 3"),
+}
+
+
+def _validate(draft, target, flags, capsys) -> tuple[int, list[str]]:
+    code = main(["validate", str(draft), "--target", str(target), "--json", *flags])
+    return code, json.loads(capsys.readouterr().out)["problems"]
+
+
+def test_a_good_draft_is_servable_for_both(tmp_path, tiny_target_dir, capsys):
+    from eagle3_backend.serving.checks import LaunchArgs, check_launch
+    from eagle3_backend.target import TargetInfo
+
+    draft = write_draft(tmp_path / "draft")
+    assert _validate(draft, tiny_target_dir / "config.json", TREE, capsys) == (0, [])
+    plan = check_launch(LaunchArgs("EAGLE3", str(draft), num_steps=3, topk=1, num_draft_tokens=4),
+                        TargetInfo.from_path(tiny_target_dir), env={})
+    assert plan is not None  # a real start of a good draft: tests/serving/test_server.py
+
+
+def _flags(case: str) -> list[str]:
+    flags = CASES[case][1]
+    return flags if "--speculative-algorithm" in flags else ["--speculative-algorithm", "EAGLE3",
+                                                             *flags]
+
+
+@pytest.fixture(scope="module")
+def launches(plugin_site, tiny_target_dir, tmp_path_factory):
+    """Every case's draft and its server start, two at a time (each is mostly imports)."""
+    pytest.importorskip("sglang")
+    assert declared_entry_points().get("sglang.srt.platforms"), "no CPU platform entry point"
+    env, root = subprocess_env(plugin_site), tmp_path_factory.mktemp("verdicts")
+    drafts = {case: write_draft(root / case, **CASES[case][0]) for case in CASES}
+
+    def start(case: str):
+        return launch_server(["--model-path", str(tiny_target_dir), "--dtype", "float32",
+                              "--speculative-draft-model-path", str(drafts[case]), *_flags(case)],
+                             env, root / f"{case}.log", timeout=TIMEOUT)
+
+    with ThreadPoolExecutor(2) as pool:
+        return {case: (drafts[case], run) for case, run in zip(CASES, pool.map(start, CASES))}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_validate_and_the_server_refuse_alike(case, launches, tiny_target_dir, capsys):
+    draft, run = launches[case]
+    code, problems = _validate(draft, tiny_target_dir / "config.json", _flags(case), capsys)
+    assert code == 1 and problems, problems
+    assert any(CASES[case][2] in p for p in problems), problems
+
+    out = run.output
+    assert run.returncode == EXIT_REFUSED, f"{case}: rc {run.returncode} after {run.seconds:.0f} s\n{out[-3000:]}"
+    assert "Traceback" not in out and "Load weight begin" not in out, out[-3000:]
+    head = f"{REFUSES}: " if len(problems) == 1 else f"{REFUSES} ({len(problems)} problems with "
+    assert out.count(REFUSES) == 1 and head in out, out[-3000:]
+    for p in problems:  # the same words, once each
+        assert out.count(p) == 1, (p, out[-3000:])
