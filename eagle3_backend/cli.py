@@ -177,7 +177,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "servable": not problems,
         "problems": problems,
         "notes": verdict.notes,
-        "findings": [f.to_dict() for f in verdict.findings],
     }
     if args.json:
         _print_json(summary)

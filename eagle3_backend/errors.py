@@ -46,7 +46,7 @@ class Finding:
     """One result of a check, in the words every command prints (``str(finding)``):
     "``what`` ``value``; expected ``expected``. ``fix``".
 
-    ``check`` names the check (stable, for code and JSON); ``severity`` is ERROR (not
+    ``check`` names the check (stable, for code); ``severity`` is ERROR (not
     servable: ``eagle3 validate`` exits 1, the plugin refuses to start) or NOTE (served;
     worth knowing); ``error`` is the exception class it is raised as.
     """
@@ -64,7 +64,3 @@ class Finding:
         if self.expected is not None:
             text += f"; expected {self.expected}"
         return f"{text}. {self.fix}" if self.fix else f"{text}."
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "severity": self.severity, "error": self.error.__name__,
-                "message": str(self)}

@@ -38,11 +38,6 @@ DRAFT_ARCHS: dict[str, str | None] = {
 SERVED_DRAFT_ARCHS = tuple(a for a, f in DRAFT_ARCHS.items() if f == "sglang")
 
 
-def archs_of(fmt: str | None) -> tuple[str, ...]:
-    """The draft architecture names of one format (None: the unsupported ones)."""
-    return tuple(a for a, f in DRAFT_ARCHS.items() if f == fmt)
-
-
 #: speculators training-only tensors (frozen copies of the verifier's head); never
 #: used at inference, dropped on load with a warning.
 TRAINING_ONLY = frozenset({"verifier_lm_head.weight", "verifier_norm.weight"})

@@ -28,15 +28,18 @@ from eagle3_backend.checkpoint.config_fields import (
 )
 from eagle3_backend.checkpoint.files import checkpoint_dir, read_config, read_tensors
 from eagle3_backend.checkpoint.loaded import LoadedDraft
-from eagle3_backend.checkpoint.names import archs_of, to_canonical, upper_layer
+from eagle3_backend.checkpoint.names import (
+    DRAFT_ARCHS,
+    SERVED_DRAFT_ARCHS,
+    to_canonical,
+    upper_layer,
+)
 from eagle3_backend.errors import CheckpointError, Finding, LayoutError, LayoutMismatch
 from eagle3_backend.layout import Layout, sglang_id_rule
 from eagle3_backend.target import TargetInfo
 
 logger = logging.getLogger(__name__)
 
-SGLANG_DRAFT_ARCHS, VLLM_DRAFT_ARCHS = archs_of("sglang"), archs_of("vllm")
-SPECULATORS_ARCHS, UNSUPPORTED_DRAFT_ARCHS = archs_of("speculators"), archs_of(None)
 ID_CONVENTIONS = ("sglang", "specforge")
 
 
@@ -45,31 +48,30 @@ def detect_format(raw: Mapping[str, Any], where: str) -> str:
     archs = raw.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
+    known = {DRAFT_ARCHS[a] for a in archs if a in DRAFT_ARCHS}
     spec_type = raw.get("speculators_model_type")
-    if spec_type is not None or any(a in SPECULATORS_ARCHS for a in archs):
+    if spec_type is not None or "speculators" in known:
         if spec_type != "eagle3":
             raise CheckpointError(
                 f"{where}: speculators_model_type is {spec_type!r}; expected 'eagle3'. Only "
                 f"EAGLE-3 drafts are supported (EAGLE-1/HASS drafts have no fc over target layers)."
             )
         return "speculators"
-    if any(a in UNSUPPORTED_DRAFT_ARCHS for a in archs):
+    if None in known:
         raise CheckpointError(
             f"{where}: architectures {archs} is an MLA-attention EAGLE-3 draft; expected "
-            f"{list(SGLANG_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
+            f"{list(SERVED_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
             f"implements. Serve this draft with stock SGLang."
         )
-    if any(a in SGLANG_DRAFT_ARCHS for a in archs):
-        return "sglang"
-    if any(a in VLLM_DRAFT_ARCHS for a in archs):
-        return "vllm"
+    if known:
+        return "sglang" if "sglang" in known else "vllm"
     other = [a for a in archs if "eagle" in str(a).lower()]
     if other:
         raise CheckpointError(
             f"{where}: architectures {archs} name a draft model class this backend does not "
             f"implement (neither SGLang 0.5.23 nor vLLM has {other[0]!r}); expected "
-            f"{list(SGLANG_DRAFT_ARCHS + VLLM_DRAFT_ARCHS)} (a Llama-style EAGLE-3 draft layer) "
-            f"or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
+            f"{[a for a, f in DRAFT_ARCHS.items() if f in ('sglang', 'vllm')]} (a Llama-style "
+            f"EAGLE-3 draft layer) or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
             f"it with the engine it was trained for."
         )
     if isinstance(raw.get("eagle_config"), dict):

@@ -1,25 +1,15 @@
 """Can this draft be served on this target, and how: the one check suite.
 
-Every command that judges a draft against a target asks this module and prints the
-words of its findings (:class:`~eagle3_backend.errors.Finding`):
-
-* ``eagle3 validate`` lists them all (exit 1 on an error), launch flags included;
-* the SGLang plugin (``serving.checks.check_launch``) refuses to start on its errors,
-  before any weight is read, and logs its notes;
-* ``eagle3 eval`` and ``eagle3 doctor`` (``verify.engine.attach_draft``) raise the
-  first error of :func:`check_config`;
-* ``eagle3 convert --target`` judges the checkpoint it wrote.
-
-What SGLang 0.5.23 does with a draft checkpoint, modelled here without importing it:
-it dispatches on config.json ``architectures`` (its one EAGLE-3 draft class is
-:data:`~eagle3_backend.checkpoint.names.SERVED_DRAFT_ARCHS`); builds fc
-``num_aux x target_hidden_size`` wide from the config (:func:`sglang_num_aux`);
-loads tensors by name (:func:`sglang_load_target`: legacy renames, fused shards, and
-an unknown name skipped without a word) and leaves every parameter no tensor loads
-at its random initial value (:func:`sglang_unconsumed`); maps draft ids to target
-ids with d2t; captures the layout's layers with the target's model file
-(``serving.capture.ServingPlan``); and verifies a draft tree of the launch's size
-(:func:`check_args`).
+``eagle3 validate`` (every finding), the SGLang plugin's pre-load refusals
+(``serving.checks.check_launch``), ``eagle3 eval`` / ``eagle3 doctor``
+(``verify.engine.attach_draft``: :func:`check_config`) and ``eagle3 convert --target``
+(the checkpoint written) all ask this module and print the words of its findings
+(:class:`~eagle3_backend.errors.Finding`). It models, without importing it, what SGLang
+0.5.23 does with a draft: dispatch on ``architectures``; build fc from the config
+(:func:`sglang_num_aux`); load tensors by name, skipping unknown ones without a word and
+leaving unloaded parameters random (:func:`sglang_unconsumed`); map vocabularies with
+d2t; capture the layout with the target's model file (``serving.capture.ServingPlan``);
+verify a draft tree of the launch's size (:func:`check_args`).
 """
 
 from __future__ import annotations

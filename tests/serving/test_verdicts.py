@@ -1,10 +1,10 @@
-"""`eagle3 validate` says what a real server start says, for every broken draft (marker ``server``).
+"""`eagle3 validate` says what the plugin says at server start, for every broken draft.
 
-Each case is one defect, fed to ``eagle3 validate --json`` (in process) and to
-``python -m sglang.launch_server`` (CPU engine) with the same flags. Both run the
-check suite (eagle3_backend.checkpoint.suite), so the verdict and every message
-must be the same: the launch ends before any weight is read, with exit status 2
-and the refusal's paragraph only (no traceback).
+Each case is one defect, fed to ``eagle3 validate --json`` and, with the same flags, to
+the launcher's check_launch (in process) and to ``python -m sglang.launch_server`` (CPU
+engine; marker ``server``). All ask the check suite (eagle3_backend.checkpoint.suite),
+so the verdict and the words must be the same; the launch ends before any weight is
+read, with exit status 2 and the refusal's paragraph only (no traceback).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from serving_drafts import HIDDEN, VOCAB, write_draft
 from serving_launch import declared_entry_points, launch_server, subprocess_env
 
 from eagle3_backend.cli import main
-from eagle3_backend.serving.checks import REFUSES
+from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.serving.checks import REFUSES, LaunchArgs, check_launch
 from eagle3_backend.serving.runtime import EXIT_REFUSED
-
-pytestmark = [pytest.mark.server, pytest.mark.sglang]
+from eagle3_backend.target import TargetInfo
 
 TIMEOUT = 150  # s per launch; a refusal takes 20-40 s on 2 loaded cores
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -56,21 +56,45 @@ def _validate(draft, target, flags, capsys) -> tuple[int, list[str]]:
     return code, json.loads(capsys.readouterr().out)["problems"]
 
 
-def test_a_good_draft_is_servable_for_both(tmp_path, tiny_target_dir, capsys):
-    from eagle3_backend.serving.checks import LaunchArgs, check_launch
-    from eagle3_backend.target import TargetInfo
-
-    draft = write_draft(tmp_path / "draft")
-    assert _validate(draft, tiny_target_dir / "config.json", TREE, capsys) == (0, [])
-    plan = check_launch(LaunchArgs("EAGLE3", str(draft), num_steps=3, topk=1, num_draft_tokens=4),
-                        TargetInfo.from_path(tiny_target_dir), env={})
-    assert plan is not None  # a real start of a good draft: tests/serving/test_server.py
-
-
 def _flags(case: str) -> list[str]:
     flags = CASES[case][1]
     return flags if "--speculative-algorithm" in flags else ["--speculative-algorithm", "EAGLE3",
                                                              *flags]
+
+
+def _launch_args(draft, flags: list[str]) -> LaunchArgs:
+    value = dict(zip(flags[::2], flags[1::2]))
+    return LaunchArgs(value["--speculative-algorithm"], str(draft),
+                      num_steps=int(value["--speculative-num-steps"]),
+                      topk=int(value["--speculative-eagle-topk"]),
+                      num_draft_tokens=int(value["--speculative-num-draft-tokens"]))
+
+
+def test_a_good_draft_is_servable_for_both(tmp_path, tiny_target_dir, capsys):
+    draft = write_draft(tmp_path / "draft")
+    assert _validate(draft, tiny_target_dir / "config.json", _flags("fc-width"), capsys) == (0, [])
+    plan = check_launch(_launch_args(draft, _flags("fc-width")),
+                        TargetInfo.from_path(tiny_target_dir), env={})
+    assert plan is not None  # real starts of good drafts: tests/serving/test_server.py
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_validate_and_the_plugin_refuse_alike(case, tmp_path, tiny_target_dir, capsys):
+    """In process: ``eagle3 validate`` and the launcher's check_launch."""
+    draft = write_draft(tmp_path / "draft", **CASES[case][0])
+    code, problems = _validate(draft, tiny_target_dir / "config.json", _flags(case), capsys)
+    assert code == 1 and any(CASES[case][2] in p for p in problems), problems
+    with pytest.raises(Eagle3Error) as refusal:
+        check_launch(_launch_args(draft, _flags(case)), TargetInfo.from_path(tiny_target_dir),
+                     env={})
+    assert str(refusal.value) == _paragraph(problems, draft, tiny_target_dir / "config.json")
+
+
+def _paragraph(problems: list[str], draft, target) -> str:
+    if len(problems) == 1:
+        return f"{REFUSES}: {problems[0]}"
+    return (f"{REFUSES} ({len(problems)} problems with draft {draft} on target {target}):\n"
+            + "\n".join(f"  - {p}" for p in problems))
 
 
 @pytest.fixture(scope="module")
@@ -90,17 +114,15 @@ def launches(plugin_site, tiny_target_dir, tmp_path_factory):
         return {case: (drafts[case], run) for case, run in zip(CASES, pool.map(start, CASES))}
 
 
+@pytest.mark.server
+@pytest.mark.sglang
 @pytest.mark.parametrize("case", list(CASES))
 def test_validate_and_the_server_refuse_alike(case, launches, tiny_target_dir, capsys):
+    """A real start ends with validate's words, once, and exit status 2."""
     draft, run = launches[case]
     code, problems = _validate(draft, tiny_target_dir / "config.json", _flags(case), capsys)
-    assert code == 1 and problems, problems
-    assert any(CASES[case][2] in p for p in problems), problems
-
     out = run.output
     assert run.returncode == EXIT_REFUSED, f"{case}: rc {run.returncode} after {run.seconds:.0f} s\n{out[-3000:]}"
     assert "Traceback" not in out and "Load weight begin" not in out, out[-3000:]
-    head = f"{REFUSES}: " if len(problems) == 1 else f"{REFUSES} ({len(problems)} problems with "
-    assert out.count(REFUSES) == 1 and head in out, out[-3000:]
-    for p in problems:  # the same words, once each
-        assert out.count(p) == 1, (p, out[-3000:])
+    assert out.count(REFUSES) == 1, out[-3000:]
+    assert code == 1 and _paragraph(problems, draft, tiny_target_dir) in out, out[-3000:]
