@@ -216,31 +216,19 @@ def _architectures(raw: Mapping[str, Any], ckpt: Path) -> list[Finding]:
 
 
 def _capture(layout: Layout, target: TargetInfo, where: str) -> list[Finding]:
-    """The target's SGLang model file must capture every source of the layout."""
-    from eagle3_backend.serving.capture import ARCHS, ServingPlan
+    """The target's SGLang model file must capture every source (``serving.capture``)."""
+    from eagle3_backend.serving.capture import ServingPlan
 
     arch, L = target.architecture, target.num_hidden_layers
-    if arch not in ARCHS:
-        return [Finding(
-            "target-architecture", "target architecture", repr(arch),
-            f"one the eagle3_backend SGLang plugin supports ({', '.join(sorted(ARCHS))})",
-            "Its capture of the draft's layout cannot be guaranteed. Serve a supported target, "
-            "or run stock SGLang without this plugin (SGLANG_PLUGINS set to a list that omits "
-            "'eagle3').", error=ServingError)]
     if any(s.layer > L for s in layout.sources):
         return []  # layer-range said it
-    if not ARCHS[arch].captures_last and L in layout.layers:
-        return [Finding(
-            "capture", f"{where}: layout {layout} needs", f"layer_input:{L} (the output of the "
-            f"last decoder layer)", f"layer inputs 0..{L - 1}, all SGLang 0.5.23's {arch} model "
-            f"file captures", "The draft cannot be served on this target; retrain it without "
-            "the last layer.", error=LayoutError)]
     try:
         ServingPlan(layout=layout, architecture=arch, num_layers=L,
                     hidden_size=target.hidden_size, draft_path="-", layout_source="-")
     except Eagle3Error as exc:
-        return [Finding("capture", f"{where}: layout", layout, f"one SGLang's {arch} model "
-                        f"file can be asked to capture", str(exc), error=LayoutError)]
+        return [Finding("capture", f"{where}: layout {layout} on target", f"{arch} ({L} layers)",
+                        "sources the eagle3_backend plugin has SGLang 0.5.23 capture there",
+                        str(exc), error=type(exc))]
     return []
 
 
@@ -253,7 +241,7 @@ def _notes(loaded: Any, target: TargetInfo, layout: Layout, found: list[Finding]
             f"at least the target's {target.max_position_embeddings}", f"SGLang stops at "
             f"start-up unless --context-length <= {cfg.max_position_embeddings} is given.",
             severity=NOTE))
-    if any(f.check in ("layer-range", "capture", "target-architecture") for f in found):
+    if any(f.check in ("layer-range", "capture") for f in found):
         return out  # not served by the plugin either
     if loaded.format == "sglang" and loaded.sglang_ids is not None and loaded.layout_source == "explicit":
         out += stock_sglang_ids(layout, list(loaded.sglang_ids), target.architecture,
@@ -314,17 +302,10 @@ def check_args(args: LaunchArgs) -> list[Finding]:
 
 
 def _tree_size(args: LaunchArgs) -> list[Finding]:
-    """A top-k tree size SGLang 0.5.23 loads every weight for and then crashes on.
-
-    * more draft tokens than the tree proposes: it takes the best ``num_draft_tokens - 1``
-      of the nodes its draft scores (``organize_draft_results``) without checking there
-      are that many ('selected index k out of range' at the first decode);
-    * fewer than ``steps + 1``: its tree verify moves the accepted path (up to steps + 1
-      tokens) to the front of each request's block of ``num_draft_tokens`` slots
-      (``_compact_accept_to_front``), a tensor size mismatch at the first verify.
-
-    A chain (top-k 1) is resized to ``steps + 1`` by SGLang itself.
-    """
+    """A top-k tree size SGLang 0.5.23 loads every weight for and then crashes on: more draft
+    tokens than the tree proposes (``organize_draft_results`` takes the best n - 1 nodes
+    unchecked), or fewer than steps + 1 (``_compact_accept_to_front``). SGLang resizes a
+    chain (top-k 1) itself."""
     steps, k, n = args.num_steps, args.topk, args.num_draft_tokens
     if steps is None or k is None or n is None or k == 1:
         return []
@@ -352,16 +333,12 @@ def _tree_size(args: LaunchArgs) -> list[Finding]:
     return []
 
 
-def is_eagle3_draft(raw: Mapping[str, Any]) -> bool:
-    archs = raw.get("architectures") or []
-    eagle = raw.get("eagle_config")
-    return (any("eagle3" in str(a).lower() for a in archs) or "eagle3_layout" in raw
-            or (isinstance(eagle, Mapping) and "eagle_aux_hidden_state_layer_ids" in eagle))
-
-
 def check_algorithm(algorithm: str | None, raw: Mapping[str, Any], ckpt: Any) -> list[Finding]:
     """SGLang's EAGLE path skips an EAGLE-3 draft's fc: nothing would be accepted."""
-    if algorithm != "EAGLE" or not is_eagle3_draft(raw):
+    archs, eagle = raw.get("architectures") or [], raw.get("eagle_config")
+    if algorithm != "EAGLE" or not (
+            any("eagle3" in str(a).lower() for a in archs) or "eagle3_layout" in raw
+            or (isinstance(eagle, Mapping) and "eagle_aux_hidden_state_layer_ids" in eagle)):
         return []
     return [Finding(
         "algorithm", "--speculative-algorithm EAGLE was given", f"an EAGLE-3 draft ({ckpt}, "

@@ -8,7 +8,7 @@ import logging
 import pytest
 from serving_drafts import DRAFT_VOCAB, HIDDEN, tiny_target, write_draft
 
-from eagle3_backend.errors import CheckpointError, LayoutError, LayoutMismatch, ServingError
+from eagle3_backend.errors import CheckpointError, LayoutMismatch, ServingError
 from eagle3_backend.layout import Layout
 from eagle3_backend.checkpoint import suite
 from eagle3_backend.serving import checks
@@ -38,35 +38,18 @@ def test_other_algorithms_are_left_alone(tmp_path):
     assert check_launch(LaunchArgs(algorithm="NGRAM", draft_path=str(draft)), None, NO_ENV) is None
 
 
-def test_sglang_width_from_config_is_refused(tmp_path):
-    # SGLang sizes fc and its buffers from len(eagle_config ids) when the config has no
-    # num_aux_hidden_states: two ids for a three-source layout would build a 2 x 64 fc.
-    draft = write_draft(tmp_path / "d", ids=[1, 4])
-    with pytest.raises(LayoutMismatch, match=r"SGLang derives the fc input slots .*: 2; expected 3"):
-        check_launch(eagle3(draft), tiny_target(), NO_ENV)
+def test_num_aux_hidden_states_must_match_the_layout(tmp_path):
+    # SGLang sizes fc and its buffers from it (len(eagle_config ids) without it: test_verdicts)
     draft = write_draft(tmp_path / "e", config_extra={"num_aux_hidden_states": 2})
     with pytest.raises(CheckpointError, match=r"'num_aux_hidden_states' is 2, but the layout"):
         check_launch(eagle3(draft), tiny_target(), NO_ENV)
 
 
-def test_last_layer_output_is_refused_where_the_model_file_cannot_capture_it(tmp_path):
+def test_last_layer_output_is_served_where_the_model_file_captures_it(tmp_path):
+    # refused on llama (test_verdicts)
     draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:8"])
-    with pytest.raises(LayoutError, match=r"needs layer_input:8 .*; expected layer inputs 0..7, all .* captures"):
-        check_launch(eagle3(draft), tiny_target(), NO_ENV)
     plan = check_launch(eagle3(draft), tiny_target("GptOssForCausalLM"), NO_ENV)
     assert plan.model_ids() == [0, 2, 8]  # gpt-oss: verbatim because max(ids) == L
-
-
-def test_vocabulary_mismatch_is_refused(tmp_path):
-    draft = write_draft(tmp_path / "d", vocab=32000)
-    with pytest.raises(CheckpointError, match=r"vocab_size .* is 32000; expected 49152"):
-        check_launch(eagle3(draft), tiny_target(), NO_ENV)
-
-
-def test_missing_qkv_shard_is_refused(tmp_path):
-    draft = write_draft(tmp_path / "d", rename={"midlayer.self_attn.k_proj.weight": "midlayer.self_attn.kproj.weight"})
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.qkv_proj\.weight \(shards \['k'\]\)"):
-        check_launch(eagle3(draft), tiny_target(), NO_ENV)
 
 
 def test_no_recorded_layout_serves_the_engine_default_loudly(tmp_path, caplog):
@@ -116,7 +99,7 @@ def test_ids_only_draft_is_read_by_the_target_rule(tmp_path):
 
 def test_unsupported_target_and_parallel_setups_are_refused(tmp_path):
     draft = write_draft(tmp_path / "d")
-    with pytest.raises(ServingError, match=r"target architecture 'MixtralForCausalLM'; expected one the eagle3_backend SGLang plugin supports"):
+    with pytest.raises(ServingError, match=r"'MixtralForCausalLM' is not supported"):
         check_launch(eagle3(draft), tiny_target("MixtralForCausalLM"), NO_ENV)
     with pytest.raises(ServingError, match=r"(?s)2 problems.*--pp-size 2.*--enable-two-batch-overlap"):
         check_launch(LaunchArgs("EAGLE3", str(draft), pp_size=2, two_batch_overlap=True),
@@ -127,38 +110,12 @@ def _tree(draft, steps: int, topk: int, n: int) -> LaunchArgs:
     return LaunchArgs("EAGLE3", str(draft), num_steps=steps, topk=topk, num_draft_tokens=n)
 
 
-def test_fewer_draft_tokens_than_the_accepted_path_is_refused(tmp_path):
-    # a tree verify can accept steps + 1 tokens and SGLang moves them into the request's
-    # num_draft_tokens slots: 3 steps, top-k 4, 2 tokens crashed its scheduler at warm-up
-    draft = write_draft(tmp_path / "d")
-    with pytest.raises(ServingError) as err:
-        check_launch(_tree(draft, 3, 4, 2), tiny_target(), NO_ENV)
-    assert str(err.value) == (
-        "eagle3_backend refuses to start: --speculative-num-draft-tokens 2 with "
-        "--speculative-num-steps 3 --speculative-eagle-topk 4; SGLang's tree verify lays the "
-        "accepted path (up to steps + 1 = 4 tokens) into each request's 2 draft-token slots; "
-        "expected at least 4 slots. SGLang would load every weight and then stop at the first "
-        "verify (a tensor size mismatch). Raise --speculative-num-draft-tokens to 4 or more, "
-        "or lower --speculative-num-steps to 1.")
-
-
 @pytest.mark.parametrize("steps, topk, n", [(1, 2, 3), (3, 2, 11), (3, 8, 16), (5, 4, 8), (3, 4, 4),
                                             (1, 8, 2), (3, 1, 8), (3, None, 16)])
 def test_tree_sizes_sglang_can_verify_pass(tmp_path, steps, topk, n):
     # (3, 1, 8): SGLang resizes a chain to steps + 1 itself; None: not resolved, not judged
     draft = write_draft(tmp_path / "d")
     assert check_launch(_tree(draft, steps, topk, n), tiny_target(), NO_ENV) is not None
-
-
-def test_problems_are_reported_together(tmp_path):
-    draft = write_draft(tmp_path / "d", layout=["embed", "layer_input:2", "layer_input:11"],
-                        fc_in=2 * HIDDEN, vocab=32000)
-    with pytest.raises(LayoutMismatch) as err:  # the first problem's kind
-        check_launch(eagle3(draft), tiny_target(), NO_ENV)
-    msg = str(err.value)
-    assert msg.startswith("eagle3_backend refuses to start (3 problems with draft ")
-    for part in ("fc.weight takes 128", "names layer_input:11", "vocab_size (the target"):
-        assert part in msg, msg
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -49,6 +49,23 @@ CASES = {
                        "--speculative-num-draft-tokens", "16"],
                   "proposes at most 2 tokens; expected a verify step of at most 3"),
 }
+# more defects, judged in process only (each real start costs ~20 s)
+IN_PROCESS = {
+    **CASES,
+    "sglang-fc-width": (dict(ids=[1, 4]), TREE, "SGLang derives the fc input slots from "
+                        "config.json (num_aux_hidden_states, else len(eagle_config.eagle_aux_hidden_"
+                        "state_layer_ids), else 3): 2; expected 3"),
+    "vocab-size": (dict(vocab=32000), TREE, "is 32000; expected 49152"),
+    "last-layer": (dict(layout=["embed", "layer_input:2", "layer_input:8"]), TREE,
+                   "needs layer_input:8 (the output of the last decoder layer), which SGLang "
+                   "0.5.23's LlamaForCausalLM model file cannot capture"),
+    "qkv-shard": (dict(rename={"midlayer.self_attn.k_proj.weight": "midlayer.self_attn.kproj.weight"}),
+                  TREE, "model.layers.0.self_attn.qkv_proj.weight (shards ['k'])"),
+    "tree-too-small": ({}, ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                            "--speculative-num-draft-tokens", "2"], "expected at least 4 slots"),
+    "three-problems": (dict(layout=["embed", "layer_input:2", "layer_input:11"], fc_in=2 * HIDDEN,
+                            vocab=32000), TREE, "fc.weight takes 128"),
+}
 
 
 def _validate(draft, target, flags, capsys) -> tuple[int, list[str]]:
@@ -57,7 +74,7 @@ def _validate(draft, target, flags, capsys) -> tuple[int, list[str]]:
 
 
 def _flags(case: str) -> list[str]:
-    flags = CASES[case][1]
+    flags = IN_PROCESS[case][1]
     return flags if "--speculative-algorithm" in flags else ["--speculative-algorithm", "EAGLE3",
                                                              *flags]
 
@@ -78,12 +95,13 @@ def test_a_good_draft_is_servable_for_both(tmp_path, tiny_target_dir, capsys):
     assert plan is not None  # real starts of good drafts: tests/serving/test_server.py
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(IN_PROCESS))
 def test_validate_and_the_plugin_refuse_alike(case, tmp_path, tiny_target_dir, capsys):
     """In process: ``eagle3 validate`` and the launcher's check_launch."""
-    draft = write_draft(tmp_path / "draft", **CASES[case][0])
+    draft = write_draft(tmp_path / "draft", **IN_PROCESS[case][0])
     code, problems = _validate(draft, tiny_target_dir / "config.json", _flags(case), capsys)
-    assert code == 1 and any(CASES[case][2] in p for p in problems), problems
+    assert code == 1 and any(IN_PROCESS[case][2] in p for p in problems), problems
+    assert (len(problems) == 3) == (case == "three-problems"), problems
     with pytest.raises(Eagle3Error) as refusal:
         check_launch(_launch_args(draft, _flags(case)), TargetInfo.from_path(tiny_target_dir),
                      env={})
