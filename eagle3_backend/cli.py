@@ -149,51 +149,36 @@ def _relabel_layout(loaded: Any, text: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- validate
-def _launch_args(args: argparse.Namespace):
-    from eagle3_backend.checkpoint.suite import LaunchArgs
-
-    return LaunchArgs(algorithm=args.speculative_algorithm, draft_path=str(args.ckpt),
-                      num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-                      num_draft_tokens=args.speculative_num_draft_tokens)
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
-    from eagle3_backend.checkpoint.suite import judge
+    from eagle3_backend.checkpoint.suite import LaunchArgs, judge
 
     target = _target(args.target)
-    verdict = judge(args.ckpt, target, args=_launch_args(args), allow_pickle=args.allow_pickle,
+    launch = LaunchArgs(args.speculative_algorithm, str(args.ckpt),
+                        num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
+                        num_draft_tokens=args.speculative_num_draft_tokens)
+    verdict = judge(args.ckpt, target, args=launch, allow_pickle=args.allow_pickle,
                     ids_as=args.ids_as)
     problems = [str(f) for f in verdict.errors]
-    loaded = verdict.loaded
-    summary = {
-        "checkpoint": loaded.path if loaded else str(args.ckpt),
-        "target": target.source,
-        "target_architecture": target.architecture,
-        "target_num_hidden_layers": target.num_hidden_layers,
-        "target_hidden_size": target.hidden_size,
-        "target_vocab_size": target.vocab_size,
-        "layout": verdict.layout.to_strings() if verdict.layout else None,
-        "layout_source": verdict.layout_source,
-        "servable": not problems,
-        "problems": problems,
-        "notes": verdict.notes,
-    }
+    ckpt = verdict.loaded.path if verdict.loaded else str(args.ckpt)
     if args.json:
-        _print_json(summary)
-    elif problems:
-        print(f"NOT SERVABLE: {summary['checkpoint']} on {target.source} "
-              f"({target.architecture}, {target.num_hidden_layers} layers, hidden "
-              f"{target.hidden_size}, vocab {target.vocab_size}): {len(problems)} problem(s)")
-        for p in problems:
-            print(f"  - {p}")
+        _print_json({
+            "checkpoint": ckpt, "target": target.source,
+            "target_architecture": target.architecture,
+            "target_num_hidden_layers": target.num_hidden_layers,
+            "target_hidden_size": target.hidden_size, "target_vocab_size": target.vocab_size,
+            "layout": verdict.layout.to_strings() if verdict.layout else None,
+            "layout_source": verdict.layout_source, "servable": not problems,
+            "problems": problems, "notes": verdict.notes})
+        return EXIT_PROBLEMS if problems else EXIT_OK
+    on = (f"{target.source} ({target.architecture}, {target.num_hidden_layers} layers, hidden "
+          f"{target.hidden_size}, vocab {target.vocab_size})")
+    if problems:
+        print(f"NOT SERVABLE: {ckpt} on {on}: {len(problems)} problem(s)")
     else:
-        print(f"OK: {summary['checkpoint']} can be served on {target.source} "
-              f"({target.architecture}, {target.num_hidden_layers} layers, hidden "
-              f"{target.hidden_size}, vocab {target.vocab_size}); layout {verdict.layout} "
+        print(f"OK: {ckpt} can be served on {on}; layout {verdict.layout} "
               f"({verdict.layout_source})")
-    if not args.json:
-        for n in verdict.notes:
-            print(f"note: {n}")
+    for line in [f"  - {p}" for p in problems] + [f"note: {n}" for n in verdict.notes]:
+        print(line)
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 

@@ -43,13 +43,10 @@ ERROR, NOTE = "error", "note"
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One result of a check, in the words every command prints (``str(finding)``):
-    "``what`` ``value``; expected ``expected``. ``fix``".
-
-    ``check`` names the check (stable, for code); ``severity`` is ERROR (not
-    servable: ``eagle3 validate`` exits 1, the plugin refuses to start) or NOTE (served;
-    worth knowing); ``error`` is the exception class it is raised as.
-    """
+    """One result of a check, in the words every command prints: "``what`` ``value``;
+    expected ``expected``. ``fix``". ``check`` names the check; ``severity`` is ERROR (not
+    servable: ``eagle3 validate`` exits 1, the plugin refuses to start) or NOTE;
+    ``error`` is the exception class it is raised as."""
 
     check: str
     what: str

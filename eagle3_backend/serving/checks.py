@@ -1,16 +1,12 @@
 """Refusals before any weight is loaded: the check suite, asked by the launcher.
 
-:func:`check_launch` runs in the launcher process (``runtime.after_check_server_args``),
-after SGLang resolved its arguments and before it starts a scheduler, i.e.
-before the target's weights (a terabyte for Kimi-K2) are read. It asks the check
-suite (:mod:`eagle3_backend.checkpoint.suite`, the same words ``eagle3 validate``
+:func:`check_launch` runs in the launcher (``runtime.after_check_server_args``) after
+SGLang resolved its arguments, before the target's weights (a terabyte for Kimi-K2) are
+read. It asks :mod:`eagle3_backend.checkpoint.suite` (the words ``eagle3 validate``
 prints) and returns the :class:`~eagle3_backend.serving.capture.ServingPlan` the
-schedulers follow, or raises one error stating every problem found. What it adds
-to the suite is the serving side: ``EAGLE3_LAYOUT`` for a draft that records no
-layout (else the engine default, stated loudly), and fetching a hub-id draft.
-
-Nothing here imports SGLang: the launcher hook reads SGLang's arguments into
-:class:`LaunchArgs` and the target into a :class:`~eagle3_backend.target.TargetInfo`.
+schedulers follow, or raises one error stating every problem. It adds the serving side:
+``EAGLE3_LAYOUT`` for a draft that records no layout (else the engine default, said
+loudly), and fetching a hub-id draft. Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any, Mapping
 
 from eagle3_backend.checkpoint import suite
 from eagle3_backend.checkpoint.suite import LaunchArgs
-from eagle3_backend.errors import NOTE, CheckpointError, LayoutError, LayoutMismatch, ServingError
+from eagle3_backend.errors import CheckpointError, LayoutError, LayoutMismatch, ServingError
 from eagle3_backend.layout import Layout
 from eagle3_backend.serving.capture import ServingPlan
 from eagle3_backend.target import TargetInfo
@@ -61,9 +57,6 @@ def check_launch(args: LaunchArgs, target: TargetInfo | None,
         if args.algorithm == "EAGLE":
             return None  # SGLang reports an unreadable draft config itself
         raise CheckpointError(f"{REFUSES}: {exc}") from None
-    for note in verdict.findings:
-        if note.severity == NOTE:
-            logger.warning("eagle3_backend: %s", note)
     _raise(verdict.findings, f"draft {ckpt} on target {target.source if target else '-'}")
     if args.algorithm == "EAGLE":
         return None
