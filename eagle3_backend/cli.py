@@ -2,7 +2,8 @@
 
     eagle3 inspect CKPT [--json] [--target T]
     eagle3 convert SRC DST --to sglang|speculators [--target T] [--allow-pickle] [--force]
-    eagle3 validate CKPT --target T          (exit 0 servable, 1 problems, 2 bad input)
+                                             (with --target: exit 1 when DST is not servable)
+    eagle3 validate CKPT --target T [--speculative-*]  (exit 0 servable, 1 problems, 2 bad input)
     eagle3 env [--json]
     eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
     eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE [--json]
@@ -117,7 +118,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
           f"from {loaded.format} {loaded.path}; layout {loaded.layout_source})")
     for w in loaded.warnings:
         print(f"warning: {w}")
-    return EXIT_OK
+    if target is None or args.to != "sglang":
+        return EXIT_OK
+    from eagle3_backend.checkpoint.suite import judge
+
+    verdict = judge(out, target)  # what `eagle3 validate OUT --target T` says
+    for f in verdict.findings:
+        print(f"{'problem' if f.severity == 'error' else 'note'}: {f}")
+    return EXIT_PROBLEMS if verdict.errors else EXIT_OK
 
 
 def _relabel_layout(loaded: Any, text: str) -> Any:
@@ -142,39 +150,35 @@ def _relabel_layout(loaded: Any, text: str) -> Any:
 
 # ----------------------------------------------------------------------------- validate
 def cmd_validate(args: argparse.Namespace) -> int:
-    from eagle3_backend.checkpoint import validate_against_target
+    from eagle3_backend.checkpoint.suite import LaunchArgs, judge
 
     target = _target(args.target)
-    loaded = _load(args, strict=False)
-    problems, notes = validate_against_target(loaded, target)
-    summary = {
-        "checkpoint": loaded.path,
-        "target": target.source,
-        "target_architecture": target.architecture,
-        "target_num_hidden_layers": target.num_hidden_layers,
-        "target_hidden_size": target.hidden_size,
-        "target_vocab_size": target.vocab_size,
-        "layout": loaded.layout.to_strings(),
-        "layout_source": loaded.layout_source,
-        "servable": not problems,
-        "problems": problems,
-        "notes": notes,
-    }
+    launch = LaunchArgs(args.speculative_algorithm, str(args.ckpt),
+                        num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
+                        num_draft_tokens=args.speculative_num_draft_tokens)
+    verdict = judge(args.ckpt, target, args=launch, allow_pickle=args.allow_pickle,
+                    ids_as=args.ids_as)
+    problems = [str(f) for f in verdict.errors]
+    ckpt = verdict.loaded.path if verdict.loaded else str(args.ckpt)
     if args.json:
-        _print_json(summary)
-    elif problems:
-        print(f"NOT SERVABLE: {loaded.path} on {target.source} "
-              f"({target.architecture}, {target.num_hidden_layers} layers, hidden "
-              f"{target.hidden_size}, vocab {target.vocab_size}): {len(problems)} problem(s)")
-        for p in problems:
-            print(f"  - {p}")
+        _print_json({
+            "checkpoint": ckpt, "target": target.source,
+            "target_architecture": target.architecture,
+            "target_num_hidden_layers": target.num_hidden_layers,
+            "target_hidden_size": target.hidden_size, "target_vocab_size": target.vocab_size,
+            "layout": verdict.layout.to_strings() if verdict.layout else None,
+            "layout_source": verdict.layout_source, "servable": not problems,
+            "problems": problems, "notes": verdict.notes})
+        return EXIT_PROBLEMS if problems else EXIT_OK
+    on = (f"{target.source} ({target.architecture}, {target.num_hidden_layers} layers, hidden "
+          f"{target.hidden_size}, vocab {target.vocab_size})")
+    if problems:
+        print(f"NOT SERVABLE: {ckpt} on {on}: {len(problems)} problem(s)")
     else:
-        print(f"OK: {loaded.path} can be served on {target.source} ({target.architecture}, "
-              f"{target.num_hidden_layers} layers, hidden {target.hidden_size}, vocab "
-              f"{target.vocab_size}); layout {loaded.layout} ({loaded.layout_source})")
-    if not args.json:
-        for n in notes:
-            print(f"note: {n}")
+        print(f"OK: {ckpt} can be served on {on}; layout {verdict.layout} "
+              f"({verdict.layout_source})")
+    for line in [f"  - {p}" for p in problems] + [f"note: {n}" for n in verdict.notes]:
+        print(line)
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
@@ -342,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--target", metavar="TARGET", required=True,
                     help="target HF config.json, model dir or GGUF file")
     sp.add_argument("--json", action="store_true")
+    launch = sp.add_argument_group("launch", "check SGLang launch flags too, as the plugin does")
+    launch.add_argument("--speculative-algorithm", default="EAGLE3", type=str.upper,
+                        choices=("EAGLE", "EAGLE3"))
+    for flag in ("num-steps", "eagle-topk", "num-draft-tokens"):
+        launch.add_argument(f"--speculative-{flag}", type=int, metavar="N")
     ckpt_opts(sp)
     sp.set_defaults(func=cmd_validate)
 

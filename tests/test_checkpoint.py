@@ -344,7 +344,7 @@ def test_non_strict_lists_every_problem(make_draft_checkpoint):
     src = make_draft_checkpoint("sglang", tensors_hook=hook)
     d = load_draft(src, strict=False)
     assert len(d.problems) == 3
-    assert [p.split(": ", 1)[1][:20] for p in d.problems] == [
+    assert [str(p).split(": ", 1)[1][:20] for p in d.problems] == [
         "missing tensor(s) ['", "unknown tensor(s) ['", "tensor 'fc.weight' h"]
     with pytest.raises(CheckpointError, match=r"^3 problems:\n  - "):
         load_draft(src)

@@ -114,10 +114,11 @@ def test_validate_says_stock_sglang_needs_a_conversion(tmp_path, weights, tiny_t
     src = _publish(tmp_path, "angelslim", ANGELSLIM_QWEN3_8B, weights)
     target = tiny_target_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3",
                                 num_hidden_layers=36)
-    assert main(["validate", str(src), "--target", str(target)]) == 0
+    assert main(["validate", str(src), "--target", str(target)]) == 1  # as the plugin refuses it
     out = capsys.readouterr().out
-    assert (f"note: vllm format: stock SGLang does not load it; write an SGLang checkpoint with "
-            f"`eagle3 convert {src} DST --to sglang`") in out
+    assert (f"declares architectures ['Eagle3LlamaForCausalLM']; expected "
+            f"['LlamaForCausalLMEagle3']") in out
+    assert f"Convert the draft with `eagle3 convert {src} OUT --to sglang --target <target>`" in out
 
 
 def test_unknown_eagle_draft_class_is_refused_by_name(tmp_path, weights):
@@ -413,4 +414,5 @@ def test_scaled_rope_round_trips_through_convert(make_draft_checkpoint, tiny_tar
     assert main(["convert", str(src), str(dst), "--to", fmt, "--target", str(target)]) == 0
     back = load_draft(dst)
     assert back.config == d.config
-    assert main(["validate", str(dst), "--target", str(target)]) == 0
+    # SGLang serves the sglang one; a speculators checkpoint is for vLLM
+    assert main(["validate", str(dst), "--target", str(target)]) == (0 if fmt == "sglang" else 1)

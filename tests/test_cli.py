@@ -226,14 +226,13 @@ def test_validate_lists_every_problem(make_draft_checkpoint, bundled_gguf, capsy
     assert rep["servable"] is False
     problems = rep["problems"]
     wanted = [
-        "draft target_hidden_size is 64 but target",
-        "fc.weight takes 192 inputs; expected layout [layer_input:2, layer_input:15, "
-        "layer_input:31] (3 sources) x target hidden_size 576 = 1728",
-        "names layer_input:31, but the target has 30 decoder layers",
-        "draft vocab_size (target vocabulary) is 60000 but target",
+        ": target_hidden_size is 64; expected 576, the hidden size of target",
+        "fc.weight takes 192 inputs; expected 1728 = layout [layer_input:2, layer_input:15, "
+        "layer_input:31] (3 sources) x target LlamaForCausalLM hidden size 576",
+        "names layer_input:31; expected sources of the target's 30 decoder layers",
+        ": vocab_size (the target vocabulary it predicts into) is 60000; expected 49152",
         "d2t maps",
-        "records a target with 40 layers but target",
-        "eagle_config ids [1, 14, 30] cannot be served by stock SGLang on LlamaForCausalLM",
+        ": records the target layer count 40; expected 30, that of target",
     ]
     assert len(problems) == len(wanted), problems
     for want, got in zip(wanted, problems):
@@ -249,15 +248,16 @@ def test_validate_text_and_bad_target(make_draft_checkpoint, tmp_path, capsys):
                                 "max_position_embeddings": 4096}))
     code, out, err = run(capsys, "validate", ckpt, "--target", good)
     assert code == 0
-    assert ("note: draft max_position_embeddings 256 is below the target's 4096: SGLang stops at "
-            "start-up unless --context-length <= 256 is given") in out
+    assert (f"note: draft {ckpt}: max_position_embeddings is 256; expected at least the "
+            f"target's 4096. SGLang stops at start-up unless --context-length <= 256 is given.\n"
+            ) in out
     small = tmp_path / "s.json"
     small.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 20,
                                  "hidden_size": 64, "vocab_size": 512}))
     code, out, err = run(capsys, "validate", ckpt, "--target", small)
     assert code == 1
     assert out.startswith(f"NOT SERVABLE: {ckpt} on {small} (LlamaForCausalLM, 20 layers, hidden "
-                          f"64, vocab 512): 3 problem(s)")
+                          f"64, vocab 512): 2 problem(s)")
     code, out, err = run(capsys, "validate", ckpt, "--target", tmp_path / "missing.gguf")
     assert code == 2 and "does not exist" in err
 
@@ -333,11 +333,16 @@ def test_make_demo_draft_for_bundled_target(bundled_gguf, tmp_path, capsys):
     assert embed.shape == (49152, 576) and float(embed.float().abs().sum()) > 0
 
 
-def test_validate_notes_for_other_formats(make_draft_checkpoint, tiny_target_config, capsys):
+def test_validate_says_what_serving_says_for_other_formats(make_draft_checkpoint,
+                                                           tiny_target_config, capsys):
+    # the plugin serves SGLang's draft class only, and SGLang's llama file cannot capture
+    # layer_input:30 (the last layer's output) on a 30-layer target
     ckpt = make_draft_checkpoint("speculators", "[layer_input:2, layer_input:15, layer_input:30]")
     code, out, err = run(capsys, "validate", ckpt, "--target", tiny_target_config())
-    assert code == 0, out
-    assert (f"note: speculators format: stock SGLang does not load it; write an SGLang checkpoint "
-            f"with `eagle3 convert {ckpt} DST --to sglang`") in out
-    assert ("note: stock SGLang cannot capture layout [layer_input:2, layer_input:15, "
-            "layer_input:30] on LlamaForCausalLM; serve it through the eagle3_backend plugin") in out
+    assert code == 1, out
+    assert (f"  - draft {ckpt} declares architectures ['Eagle3Speculator']; expected "
+            f"['LlamaForCausalLMEagle3'], the EAGLE-3 draft class SGLang 0.5.23 dispatches to "
+            f"and the eagle3_backend plugin checks and serves. Convert the draft with "
+            f"`eagle3 convert {ckpt} OUT --to sglang --target <target>` and serve OUT.\n") in out
+    assert ("needs layer_input:30 (the output of the last decoder layer), which SGLang 0.5.23's "
+            "LlamaForCausalLM model file cannot capture") in out

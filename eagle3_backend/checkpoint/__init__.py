@@ -9,7 +9,7 @@ SGLang-native and speculators checkpoints with the canonical layout recorded.
 from eagle3_backend.checkpoint.files import read_config, read_tensors, write_checkpoint
 from eagle3_backend.checkpoint.loaded import FORMATS, LAYOUT_SOURCES, LoadedDraft
 from eagle3_backend.checkpoint.read import detect_format, load_draft
-from eagle3_backend.checkpoint.report import inspect_report, validate_against_target
+from eagle3_backend.checkpoint.report import inspect_report
 
 inspect = inspect_report  # the name the team brief uses
 from eagle3_backend.checkpoint.write import (
@@ -35,6 +35,5 @@ __all__ = [
     "sglang_config",
     "speculators_config",
     "to_layer_order",
-    "validate_against_target",
     "write_checkpoint",
 ]

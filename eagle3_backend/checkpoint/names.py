@@ -22,6 +22,22 @@ import torch
 
 from eagle3_backend.errors import CheckpointError
 
+#: Draft ``architectures`` names -> the checkpoint format they are (None: an EAGLE-3 draft of
+#: a kind this package does not implement). SGLang 0.5.23 dispatches on this name; its EAGLE-3
+#: draft classes are LlamaForCausalLMEagle3 (the one the plugin serves) and
+#: Eagle3DeepseekV2ForCausalLM (kimi_k25_eagle3.py).
+DRAFT_ARCHS: dict[str, str | None] = {
+    "LlamaForCausalLMEagle3": "sglang",
+    # vLLM's (and TensorRT-LLM's) name for the same Llama draft; AngelSlim publishes under it
+    "Eagle3LlamaForCausalLM": "vllm",
+    "EAGLE3LlamaForCausalLM": "vllm",
+    "Eagle3Speculator": "speculators",
+    "Eagle3DraftModel": "speculators",
+    "Eagle3DeepseekV2ForCausalLM": None,  # MLA attention
+}
+SERVED_DRAFT_ARCHS = tuple(a for a, f in DRAFT_ARCHS.items() if f == "sglang")
+
+
 #: speculators training-only tensors (frozen copies of the verifier's head); never
 #: used at inference, dropped on load with a warning.
 TRAINING_ONLY = frozenset({"verifier_lm_head.weight", "verifier_norm.weight"})

@@ -28,20 +28,18 @@ from eagle3_backend.checkpoint.config_fields import (
 )
 from eagle3_backend.checkpoint.files import checkpoint_dir, read_config, read_tensors
 from eagle3_backend.checkpoint.loaded import LoadedDraft
-from eagle3_backend.checkpoint.names import to_canonical, upper_layer
-from eagle3_backend.errors import CheckpointError, LayoutError
+from eagle3_backend.checkpoint.names import (
+    DRAFT_ARCHS,
+    SERVED_DRAFT_ARCHS,
+    to_canonical,
+    upper_layer,
+)
+from eagle3_backend.errors import CheckpointError, Finding, LayoutError, LayoutMismatch
 from eagle3_backend.layout import Layout, sglang_id_rule
 from eagle3_backend.target import TargetInfo
 
 logger = logging.getLogger(__name__)
 
-SGLANG_DRAFT_ARCHS = ("LlamaForCausalLMEagle3",)
-#: vLLM's (and TensorRT-LLM's) class name for the same Llama EAGLE-3 draft; AngelSlim
-#: publishes its drafts under it. Same config fields as SGLang's, ids top-level.
-VLLM_DRAFT_ARCHS = ("Eagle3LlamaForCausalLM", "EAGLE3LlamaForCausalLM")
-SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
-#: SGLang EAGLE-3 drafts of another architecture than this package implements.
-UNSUPPORTED_DRAFT_ARCHS = ("Eagle3DeepseekV2ForCausalLM",)
 ID_CONVENTIONS = ("sglang", "specforge")
 
 
@@ -50,31 +48,30 @@ def detect_format(raw: Mapping[str, Any], where: str) -> str:
     archs = raw.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
+    known = {DRAFT_ARCHS[a] for a in archs if a in DRAFT_ARCHS}
     spec_type = raw.get("speculators_model_type")
-    if spec_type is not None or any(a in SPECULATORS_ARCHS for a in archs):
+    if spec_type is not None or "speculators" in known:
         if spec_type != "eagle3":
             raise CheckpointError(
                 f"{where}: speculators_model_type is {spec_type!r}; expected 'eagle3'. Only "
                 f"EAGLE-3 drafts are supported (EAGLE-1/HASS drafts have no fc over target layers)."
             )
         return "speculators"
-    if any(a in UNSUPPORTED_DRAFT_ARCHS for a in archs):
+    if None in known:
         raise CheckpointError(
             f"{where}: architectures {archs} is an MLA-attention EAGLE-3 draft; expected "
-            f"{list(SGLANG_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
+            f"{list(SERVED_DRAFT_ARCHS)} (a Llama-style draft layer), the only kind this backend "
             f"implements. Serve this draft with stock SGLang."
         )
-    if any(a in SGLANG_DRAFT_ARCHS for a in archs):
-        return "sglang"
-    if any(a in VLLM_DRAFT_ARCHS for a in archs):
-        return "vllm"
+    if known:
+        return "sglang" if "sglang" in known else "vllm"
     other = [a for a in archs if "eagle" in str(a).lower()]
     if other:
         raise CheckpointError(
             f"{where}: architectures {archs} name a draft model class this backend does not "
             f"implement (neither SGLang 0.5.23 nor vLLM has {other[0]!r}); expected "
-            f"{list(SGLANG_DRAFT_ARCHS + VLLM_DRAFT_ARCHS)} (a Llama-style EAGLE-3 draft layer) "
-            f"or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
+            f"{[a for a, f in DRAFT_ARCHS.items() if f in ('sglang', 'vllm')]} (a Llama-style "
+            f"EAGLE-3 draft layer) or ['Eagle3Speculator']. Re-export the draft as a Llama EAGLE-3 draft, or serve "
             f"it with the engine it was trained for."
         )
     if isinstance(raw.get("eagle_config"), dict):
@@ -360,8 +357,11 @@ def load_draft(
     problems = check_tensors(config, tensors, weights_where)
     if fmt in ("sglang", "vllm"):
         problems += _uses_aux(top, config)
-    if explicit is not None and fmt == "sglang" and sglang_ids is not None and arch is not None:
-        problems += _ids_agree(explicit, list(sglang_ids), arch, num_layers, where)
+    if strict and explicit is not None and fmt == "sglang" and sglang_ids is not None and arch:
+        # served right by the plugin (a note of the check suite), refused on a strict read
+        from eagle3_backend.checkpoint.suite import stock_sglang_ids
+
+        problems += stock_sglang_ids(explicit, list(sglang_ids), arch, num_layers, where)
     if problems and strict:
         raise CheckpointError(_join(problems))
     for w in warnings:
@@ -457,39 +457,20 @@ def _fill_vocab_map(config, tensors: dict[str, torch.Tensor]
     return tensors, notes
 
 
-def _uses_aux(f: Fields, config) -> list[str]:
+def _uses_aux(f: Fields, config) -> list[Finding]:
     """SGLang skips the fc when eagle_config.use_aux_hidden_state is false."""
     eagle = Fields(f.dict("eagle_config") or {}, f.where, "eagle_config.")
     if eagle.bool("use_aux_hidden_state", True):
         return []
-    return [
-        f"{f.where}: eagle_config.use_aux_hidden_state is false, but the draft's fc reads "
-        f"{len(config.layout)} target hidden states {config.layout}; expected true. With false, "
-        f"SGLang captures no hidden states, skips the fc and feeds the draft the target's last "
-        f"hidden state (acceptance length ~1.0, no error). Set \"use_aux_hidden_state\": true "
-        f"in eagle_config."
-    ]
+    return [Finding(
+        "use-aux-hidden-state", f"{f.where}: eagle_config.use_aux_hidden_state is",
+        f"false, but the draft's fc reads {len(config.layout)} target hidden states "
+        f"{config.layout}", "true", "With false, SGLang captures no hidden states, skips the fc "
+        "and feeds the draft the target's last hidden state (acceptance length ~1.0, no error). "
+        "Set \"use_aux_hidden_state\": true in eagle_config.", error=LayoutMismatch)]
 
 
-def _ids_agree(layout: Layout, ids: list[int], arch: str, num_layers: int | None,
-               where: str) -> list[str]:
-    """A stored eagle3_layout and the eagle_config ids SGLang reads must agree."""
-    L = num_layers if num_layers is not None else max(ids) + 2
-    try:
-        served = Layout.from_sglang_ids(ids, arch, L)
-    except LayoutError as exc:
-        return [f"{where}: eagle_config ids {ids} cannot be read on {arch}: {exc}"]
-    if served == layout:
-        return []
-    return [
-        f"{where}: eagle3_layout is {layout} but eagle_config ids {ids} make stock SGLang "
-        f"capture {served} on {arch} (in layer order); expected them to agree. Rewrite the "
-        f"checkpoint with `eagle3 convert SRC DST --to sglang`, which writes matching ids "
-        f"(reordering fc columns when needed)."
-    ]
-
-
-def _join(problems: list[str]) -> str:
+def _join(problems: list[Finding]) -> str:
     if len(problems) == 1:
-        return problems[0]
+        return str(problems[0])
     return f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -14,12 +14,15 @@ import logging
 import os
 from typing import Any, Callable
 
-from eagle3_backend.errors import CheckpointError, ServingError
+from eagle3_backend.errors import CheckpointError, Eagle3Error, ServingError
+from eagle3_backend.checkpoint import suite
 from eagle3_backend.serving import checks, collect, hooks
 from eagle3_backend.serving.capture import ServingPlan, arch_capture
 
 logger = logging.getLogger(__name__)
 
+#: The launcher's exit status when the pre-load checks refuse the launch.
+EXIT_REFUSED = 2
 _LOGITS_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
 
 
@@ -43,14 +46,14 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
         target = None
         if launch.algorithm == "EAGLE3":
             target = _target_info(server_args, cfg)
-            arch_capture(target.architecture)
             problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(target.architecture))
             if problems:
                 raise ServingError(hooks.fail_closed_line(problems[0]))
         plan = checks.check_launch(launch, target)
-    except Exception as exc:
+    except Eagle3Error as exc:
+        # the refusal is the launch's last words: its one paragraph, no traceback
         logger.error("%s", exc)
-        raise
+        raise SystemExit(EXIT_REFUSED) from None
     if plan is None:
         return None
     os.environ[checks.PLAN_ENV] = plan.to_json()
@@ -259,7 +262,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
         return result
     skipped = [n for n in seen if n not in consumed and "d2t" not in n and "t2d" not in n]
     layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 1) or 1)
-    borrowed = {"model.embed_tokens.weight"} | checks.sglang_unread_params(layers)
+    borrowed = {"model.embed_tokens.weight"} | suite.sglang_unread_params(layers)
     if getattr(model, "load_lm_head_from_target", False):
         borrowed.add("lm_head.weight")
     never = sorted(set(params) - loaded - borrowed)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from eagle3_backend.errors import LayoutMismatch, TargetError
+from eagle3_backend.errors import TargetError
 from eagle3_backend.model import Eagle3DraftModel
 from eagle3_backend.verify.sampling import (
     chain_speculative_sampling,
@@ -227,43 +227,32 @@ def load_draft_model(path: str | Path, target: Target | None = None,
     read by ``load_draft`` against this target (not read again; the model gets its own
     copy of the weights)."""
     from eagle3_backend.checkpoint import load_draft
-    from eagle3_backend.errors import CheckpointError
     from eagle3_backend.target import TargetInfo
 
     if loaded is None:
         info = TargetInfo.from_path(target.path) if target is not None else None
         loaded = load_draft(path, target=info)
     model = Eagle3DraftModel(loaded.config)
-    missing, unexpected = model.load_state_dict(dict(loaded.state_dict), strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"draft checkpoint {path}: tensors missing {sorted(missing)[:5]}, unexpected "
-            f"{sorted(unexpected)[:5]} for an Eagle3DraftModel with its config. "
-            "Inspect it with `eagle3 inspect` and re-export it."
-        )
+    model.load_state_dict(dict(loaded.state_dict))  # names and shapes checked by the reader
     for warning in loaded.warnings:
         logger.warning("draft %s: %s", path, warning)
     return model.to(device=device, dtype=dtype or loaded.config.torch_dtype).eval()
 
 
 def attach_draft(draft: Eagle3DraftModel, target: Target) -> Eagle3DraftModel:
-    """Check a draft against its target and share the target's embedding as SGLang does
-    (``set_embed`` when the draft's hidden size equals the target's)."""
-    cfg = draft.config
-    cfg.layout.check_range(target.num_layers)
-    if cfg.target_hidden_size != target.hidden_size:
-        raise LayoutMismatch(
-            f"draft target_hidden_size is {cfg.target_hidden_size}, the target's hidden size is "
-            f"{target.hidden_size} ({target.path}). The draft was trained for another target; "
-            "use a draft trained on this one."
-        )
-    if cfg.vocab_size != target.vocab_size:
-        raise LayoutMismatch(
-            f"draft vocab_size is {cfg.vocab_size}, the target's vocabulary is "
-            f"{target.vocab_size} ({target.path}). The draft was trained for another target "
-            "(or its d2t/t2d maps are for another tokenizer)."
-        )
-    if cfg.hidden_size == target.hidden_size:
+    """Check a draft against its target (the check suite's :func:`check_config`) and share
+    the target's embedding as SGLang does (``set_embed`` when the hidden sizes are equal)."""
+    from eagle3_backend.checkpoint.suite import check_config, refusal
+    from eagle3_backend.target import TargetInfo
+
+    archs = getattr(getattr(target.model, "config", None), "architectures", None) or ["?"]
+    info = TargetInfo(architecture=str(archs[0]), model_type="", source=str(target.path),
+                      num_hidden_layers=target.num_layers, hidden_size=target.hidden_size,
+                      vocab_size=target.vocab_size)
+    error = refusal(check_config(draft.config, info), what=f"the draft on {target.path}")
+    if error is not None:
+        raise error
+    if draft.config.hidden_size == target.hidden_size:
         draft.set_target_embedding(target.model.get_input_embeddings().weight)
     return draft
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from eagle3_backend.errors import LayoutError
+from eagle3_backend.layout import Layout
 from eagle3_backend.target import TargetInfo
 
 HIDDEN = 64  # draft and target hidden size
@@ -31,12 +33,14 @@ def tiny_target(architecture: str = "LlamaForCausalLM", layers: int = TARGET_LAY
 def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input:2", "layer_input:5"),
                 ids: list[int] | None = None, fc_in: int | None = None, vocab: int = VOCAB,
                 d2t_shift: int = 0, rename: dict[str, str] | None = None,
+                drop: tuple[str, ...] = (), extra: dict[str, torch.Tensor] | None = None,
                 config_extra: dict[str, Any] | None = None, seed: int = 0) -> Path:
     """Write a draft; ``layout=None`` records no eagle3_layout, ``ids`` the eagle_config ids.
 
     fc_in: fc input width (default len(layout or ids or 3) x HIDDEN); d2t_shift is added to
     every d2t offset (pushes draft ids outside the target vocabulary when large); rename maps
-    stored tensor names to other names (a renamed tensor SGLang would skip).
+    stored tensor names to other names (a renamed tensor SGLang would skip); drop leaves
+    tensors out, extra adds some.
     """
     path.mkdir(parents=True, exist_ok=True)
     k = len(layout) if layout is not None else (len(ids) if ids is not None else 3)
@@ -52,8 +56,12 @@ def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids),
                                   "use_aux_hidden_state": True}
     elif layout is not None:
-        # ids SGLang reads for its fc width: same count as the layout (values unused by the plugin)
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(range(k)),
+        # the ids stock SGLang would read on the tiny llama target (the plugin captures the layout)
+        try:
+            stock = Layout.parse(list(layout)).to_sglang_ids("LlamaForCausalLM", TARGET_LAYERS)
+        except LayoutError:
+            stock = list(range(k))
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": stock,
                                   "use_aux_hidden_state": True}
     if layout is not None:
         config["eagle3_layout"] = list(layout)
@@ -89,6 +97,7 @@ def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input
     }
     for old, new in (rename or {}).items():
         tensors[new] = tensors.pop(old)
+    tensors = {n: t for n, t in tensors.items() if n not in drop} | (extra or {})
     save_file(tensors, str(path / "model.safetensors"))
     return path
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_backend.errors import LayoutMismatch
+from eagle3_backend.errors import CheckpointError, LayoutMismatch
 from eagle3_backend.verify.datasets import Prompt, render_prompt
 from eagle3_backend.verify.engine import (
     SpeculativeEngine,
@@ -177,7 +177,8 @@ def test_draft_for_another_target_is_refused(smol_target, make_tiny_draft):
     with pytest.raises(LayoutMismatch, match="target_hidden_size is 512"):
         SpeculativeEngine(smol_target, wrong_width, SpecSettings())
     wrong_vocab = make_tiny_draft(smol_target.hidden_size, 32000, LAYOUT)
-    with pytest.raises(LayoutMismatch, match="vocab_size is 32000"):
+    with pytest.raises(CheckpointError, match=r"vocab_size \(the target vocabulary it predicts "
+                                              r"into\) is 32000; expected 49152"):
         SpeculativeEngine(smol_target, wrong_vocab, SpecSettings())
 
 
