@@ -99,13 +99,14 @@ FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
 
 
 def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "float32",
-                 echo: float = 0.0) -> Path:
+                 echo: float = 0.0, hidden_size: int | None = None) -> Path:
     """Write the small ``family`` target to ``out`` (reused when already written the same way).
 
     ``echo`` > 0 adds ``echo`` x the token embedding to the lm_head, so that greedy output
     repeats its current token in runs (at 0.35 about 85-90% of tokens on every family, with
     switches between runs): a target on which a draft that proposes "the same token again"
-    is accepted, and sometimes rejected.
+    is accepted, and sometimes rejected. ``hidden_size`` replaces the family's 128 (attention
+    and expert shapes are set on their own and stay).
     """
     import torch
     import transformers
@@ -118,12 +119,14 @@ def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "floa
         raise TargetError(f"unknown small-target family {family!r}; expected one of "
                           f"{', '.join(FAMILIES)}.")
     out = Path(out)
-    stamp = {"family": family, "seed": seed, "dtype": dtype, "echo": echo}
+    stamp = {"family": family, "seed": seed, "dtype": dtype, "echo": echo, "hidden_size": hidden_size}
     marker = out / _DONE
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return out
     build, extra = FAMILIES[family]
     config = build(transformers)
+    if hidden_size is not None:
+        config.hidden_size = hidden_size
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     _randomize_router_biases(model, seed)

@@ -115,32 +115,48 @@ def _paragraph(problems: list[str], draft, target) -> str:
             + "\n".join(f"  - {p}" for p in problems))
 
 
+# the same refusals on the DeepSeek-V3 / Kimi-K2 structure (MLA, grouped-routing MoE; the
+# small target of eagle3_backend.cpu.tiny_targets at the drafts' hidden size, 8 layers)
+DEEPSEEK_CASES = ("fc-width", "layer-range", "vocab-map-wrong", "algorithm-eagle", "tree-size")
+SERVED = [("llama", c) for c in CASES] + [("deepseek_v3", c) for c in DEEPSEEK_CASES]
+
+
 @pytest.fixture(scope="module")
-def launches(plugin_site, tiny_target_dir, tmp_path_factory):
+def targets(tiny_target_dir, tmp_path_factory) -> dict:
+    from eagle3_backend.cpu.tiny_targets import write_target
+
+    ds = write_target("deepseek_v3", tmp_path_factory.mktemp("ds") / "target", hidden_size=HIDDEN)
+    return {"llama": tiny_target_dir, "deepseek_v3": ds}
+
+
+@pytest.fixture(scope="module")
+def launches(plugin_site, targets, tmp_path_factory):
     """Every case's draft and its server start, two at a time (each is mostly imports)."""
     pytest.importorskip("sglang")
     assert declared_entry_points().get("sglang.srt.platforms"), "no CPU platform entry point"
     env, root = subprocess_env(plugin_site), tmp_path_factory.mktemp("verdicts")
     drafts = {case: write_draft(root / case, **CASES[case][0]) for case in CASES}
 
-    def start(case: str):
-        return launch_server(["--model-path", str(tiny_target_dir), "--dtype", "float32",
+    def start(key: tuple[str, str]):
+        family, case = key
+        return launch_server(["--model-path", str(targets[family]), "--dtype", "float32",
                               "--speculative-draft-model-path", str(drafts[case]), *_flags(case)],
-                             env, root / f"{case}.log", timeout=TIMEOUT)
+                             env, root / f"{family}-{case}.log", timeout=TIMEOUT)
 
     with ThreadPoolExecutor(2) as pool:
-        return {case: (drafts[case], run) for case, run in zip(CASES, pool.map(start, CASES))}
+        return {key: (drafts[key[1]], run) for key, run in zip(SERVED, pool.map(start, SERVED))}
 
 
 @pytest.mark.server
 @pytest.mark.sglang
-@pytest.mark.parametrize("case", list(CASES))
-def test_validate_and_the_server_refuse_alike(case, launches, tiny_target_dir, capsys):
+@pytest.mark.parametrize("family, case", SERVED)
+def test_validate_and_the_server_refuse_alike(family, case, launches, targets, capsys):
     """A real start ends with validate's words, once, and exit status 2."""
-    draft, run = launches[case]
-    code, problems = _validate(draft, tiny_target_dir / "config.json", _flags(case), capsys)
+    draft, run = launches[family, case]
+    target = targets[family]
+    code, problems = _validate(draft, target / "config.json", _flags(case), capsys)
     out = run.output
     assert run.returncode == EXIT_REFUSED, f"{case}: rc {run.returncode} after {run.seconds:.0f} s\n{out[-3000:]}"
     assert "Traceback" not in out and "Load weight begin" not in out, out[-3000:]
     assert out.count(REFUSES) == 1, out[-3000:]
-    assert code == 1 and _paragraph(problems, draft, tiny_target_dir) in out, out[-3000:]
+    assert code == 1 and _paragraph(problems, draft, target) in out, out[-3000:]
