@@ -17,6 +17,9 @@ keeps its family's real structure at a size a small CPU serves in seconds:
 |               |                         | this variant covers V2-Lite-style ``None``), ``noaux_tc`` |
 |               |                         | grouped routing, shared experts, first_k_dense_replace,   |
 |               |                         | yarn rope (factor 1: exact)                               |
+| gpt_oss       | GptOssForCausalLM       | attention sinks, alternating sliding window, top-k        |
+|               |                         | experts with biases; its model file alone captures the    |
+|               |                         | last layer's output                                       |
 
 Heads, experts and intermediate sizes are even so that tensor parallel 2 splits
 them. Real checkpoints are bf16/fp8; these are written in ``dtype`` (fp32 or
@@ -87,6 +90,13 @@ def _deepseek(t: Any, q_lora_rank: int | None) -> Any:
                               rope_parameters=_YARN, rope_interleave=True, num_mtp_layers=0)
 
 
+def _gpt_oss(t: Any) -> Any:
+    return t.GptOssConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                          intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+                          sliding_window=16, layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2),
+                          rope_parameters=_YARN)
+
+
 #: family -> (config builder over the transformers module, extra config.json keys)
 FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
     "llama": (_llama, {}),
@@ -95,6 +105,7 @@ FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
     "glm4_moe": (_glm4_moe, {}),
     "deepseek_v3": (lambda t: _deepseek(t, q_lora_rank=48), _DEEPSEEK_SGLANG_KEYS),
     "kimi_k2": (lambda t: _deepseek(t, q_lora_rank=None), _DEEPSEEK_SGLANG_KEYS),
+    "gpt_oss": (_gpt_oss, {}),
 }
 
 

@@ -56,7 +56,8 @@ def offline_acceptance(target_dir, draft_dir, prompts, names, steps, topk, n):
 def assert_fc_input_matches_hf(dump, target_dir, layout: str, rtol: float = 1e-4) -> None:
     """The fc input a server dumped (EAGLE3_DUMP_FC_INPUT) equals HF transformers' hidden_states
     of the same ids, slot by slot in layout order (hidden_states[k] is the residual stream
-    entering layer k; 0 the embedding, which must match bit for bit)."""
+    entering layer k; 0 the embedding, which must match bit for bit; L the last layer's output
+    before the final norm, read with a hook)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -66,8 +67,16 @@ def assert_fc_input_matches_hf(dump, target_dir, layout: str, rtol: float = 1e-4
     ids, fc = got["input_ids"].long(), got["fc_input"].float()            # [T], [T, K*H]
     lay = Layout.parse(layout)
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    with torch.no_grad():
-        hs = model(ids[None], output_hidden_states=True).hidden_states      # L+1 x [1, T, H]
+    layers = model.model.layers
+    last: list[torch.Tensor] = []  # the last layer's output before the final norm (layer_input:L)
+    hook = layers[-1].register_forward_hook(
+        lambda _m, _i, out: last.append(out[0] if isinstance(out, tuple) else out))
+    try:
+        with torch.no_grad():
+            hs = list(model(ids[None], output_hidden_states=True).hidden_states)  # L+1 x [1, T, H]
+    finally:
+        hook.remove()
+    hs[len(layers)] = last[0]
     h = hs[0].shape[-1]
     assert fc.shape == (ids.shape[0], len(lay) * h), (fc.shape, ids.shape, len(lay), h)
     for j, src in enumerate(lay.sources):

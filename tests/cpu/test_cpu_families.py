@@ -1,5 +1,5 @@
 """The architectures users serve, through real SGLang on this CPU: DeepSeek-V3 / Kimi-K2 (MLA +
-grouped-routing MoE), GLM-4.5 MoE, Qwen3-MoE and Qwen3, each a small random target from
+grouped-routing MoE), GLM-4.5 MoE, Qwen3-MoE, Qwen3 and gpt-oss, each a small random target from
 ``eagle3_backend.cpu.tiny_targets`` (transformers' own config classes, fp32).
 
 Per family, three bounded server launches, one at a time: target-only (the reference),
@@ -9,7 +9,8 @@ EAGLE-3 top-k tree. Each test asserts:
 * greedy outputs identical, token for token, to the target-only server (8 prompts);
 * the fc input SGLang built on its first prefill (``EAGLE3_DUMP_FC_INPUT``) equals the HF
   reference's ``hidden_states`` slot by slot in layout order, for layouts with ``embed``,
-  out of layer order, and (DeepSeek's +1 id rule) ``layer_input:1`` as the lowest capture;
+  out of layer order, (DeepSeek's +1 id rule) ``layer_input:1`` as the lowest capture, and
+  (gpt-oss) the last layer's output;
 * chain: SGLang's ``spec_accept_length`` per prompt equals the offline verifier's within 0.05
   (the same verify steps: nothing lost in the wiring).
 """
@@ -34,6 +35,8 @@ CASES = {
     "glm4_moe": ("[layer_input:6, layer_input:1, embed]", ("random", "[layer_input:1, layer_input:2, layer_input:7]")),
     "qwen3_moe": ("[embed, layer_input:4, layer_input:7]", ("echo", "[layer_input:2, embed, layer_input:5]")),
     "qwen3": ("[layer_input:7, embed, layer_input:3]", ("echo", "[embed, layer_input:1, layer_input:4]")),
+    # the one model file that captures the last layer's output (layer_input:L, L = 8)
+    "gpt_oss": ("[layer_input:8, embed, layer_input:3]", ("random", "[layer_input:2, layer_input:5, layer_input:8]")),
 }
 
 
