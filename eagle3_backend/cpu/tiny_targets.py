@@ -68,7 +68,7 @@ def _qwen3_moe(t: Any) -> Any:
     return t.Qwen3MoeConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                             intermediate_size=FFN, moe_intermediate_size=64, num_experts=8,
                             num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-                            mlp_only_layers=[0], rope_parameters=_ROPE)
+                            mlp_only_layers=[], rope_parameters=_ROPE)  # SGLang 0.5.23 makes every layer sparse
 
 
 def _glm4_moe(t: Any) -> Any:
