@@ -20,9 +20,8 @@ import torch
 from eagle3_backend.ops import _dispatch, _ext
 from eagle3_backend.ops._dispatch import BACKENDS, ENV_VAR
 from eagle3_backend.ops.gather_concat import capture_into, gather_concat
+from eagle3_backend.ops.table import OP_NAMES as OPS
 from eagle3_backend.ops.verify_tree import VerifyOutputs, allocate_verify_outputs, verify_tree_greedy
-
-OPS = ("gather_concat", "capture_into", "verify_tree_greedy")
 
 
 def describe_backends(device: torch.device | str | None = None) -> dict[str, dict[str, str]]:
