@@ -125,7 +125,7 @@ def _nvcc_version() -> str:
     return out.strip().splitlines()[-1] if out.strip() else "none"
 
 
-def environment(device: torch.device, argv: list[str]) -> dict[str, str]:
+def environment(device: torch.device, argv: list[str], script: str = "bench_gather_concat.py") -> dict[str, str]:
     try:
         import triton
 
@@ -141,7 +141,7 @@ def environment(device: torch.device, argv: list[str]) -> dict[str, str]:
         "nvcc": _nvcc_version(),
         "python": platform.python_version(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_gather_concat.py " + " ".join(shlex.quote(a) for a in argv),
+        "command": f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in argv),
     }
 
 
@@ -214,19 +214,24 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     return rows_out
 
 
-def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: float, out_dir: Path,
-                  tag: str | None, plot: bool) -> Path:
+def write_csv(rows: list[dict[str, object]], header: dict[str, str], out_dir: Path, stem: str,
+              tag: str | None) -> Path:
+    """``<out_dir>/<stem>_<tag or device>.csv``: ``# key: value`` header lines, then the rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    slug = tag or "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
-    csv_path = out_dir / f"gather_concat_{slug}.csv"
-    with csv_path.open("w", newline="", encoding="utf-8") as fh:
-        for key, value in env.items():
-            fh.write(f"# {key}: {value}\n")
-        fh.write(f"# copy_GBps: {copy_gbs:.2f}\n")
+    slug = tag or "".join(c if c.isalnum() else "_" for c in header["device"]).strip("_").lower()
+    path = out_dir / f"{stem}_{slug}.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        fh.writelines(f"# {key}: {value}\n" for key, value in header.items())
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["provider"])
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {csv_path}")
+    print(f"wrote {path}")
+    return path
+
+
+def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: float, out_dir: Path,
+                  tag: str | None, plot: bool) -> Path:
+    csv_path = write_csv(rows, {**env, "copy_GBps": f"{copy_gbs:.2f}"}, out_dir, "gather_concat", tag)
     if plot:
         try:
             import matplotlib
@@ -264,13 +269,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    parser.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
+    parser.add_argument("--no-plot", action="store_true")
+    return parse_common(parser, PROVIDERS, argv)
+
+
+def parse_common(parser: argparse.ArgumentParser, providers: tuple[str, ...],
+                 argv: list[str] | None) -> argparse.Namespace:
+    """The options every ops benchmark takes, then parse; ``args.argv`` is the command line."""
+    parser.add_argument("--providers", nargs="+", choices=providers, default=list(providers))
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rep", type=int, default=30)
-    parser.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default=None, help="file name suffix (default: the device name)")
-    parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--no-jit", action="store_true", help="do not JIT-build the CUDA extension")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gather_concat.py"
+from kernel_testutil import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gather_concat", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_gather_concat")
 
 
 def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
