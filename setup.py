@@ -29,7 +29,12 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 DEFAULT_ARCHS = "8.0;9.0;12.0"
-SOURCES = ("csrc/gather_concat.cu", "csrc/verify_tree_greedy.cu", "csrc/ops.cpp")
+
+def _cuda_sources() -> list[str]:
+    """csrc/ files to compile, from the ops table (eagle3_backend/ops/table.py; no torch needed)."""
+    table: dict = {}
+    exec((ROOT / "eagle3_backend" / "ops" / "table.py").read_text(encoding="utf-8"), table)
+    return [f"csrc/{name}" for name in table["CUDA_SOURCES"]]
 
 
 def _flag(name: str) -> bool:
@@ -112,7 +117,7 @@ def extension_kwargs() -> dict:
     archs = os.environ.get("EAGLE3_CUDA_ARCHS", DEFAULT_ARCHS)
     extension = CUDAExtension(
         name="eagle3_backend._C",
-        sources=list(SOURCES),
+        sources=_cuda_sources(),
         include_dirs=[str(CSRC)],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", *gencode_flags(archs, version)]},
     )

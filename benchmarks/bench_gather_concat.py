@@ -9,14 +9,6 @@ Providers (each checked bit for bit against "torch" before it is timed):
   cuda         eagle3_backend.ops.gather_concat(backend="cuda") (csrc/; built
                on the fly with torch.utils.cpp_extension if setup.py was not run)
 
-The draft's fc on top (issue 3, item 8; --fc-out D, 0 skips it):
-  fc_torch     eagle3_backend.ops.fused_fc(backend="torch"): gather_concat
-               (auto dispatch) then torch.mm with the [D, K*H] weight
-  fc_triton    eagle3_backend.ops.fused_fc(backend="triton"): one Triton GEMM
-               reading its K-blocks straight from the K sources, no concat
-fc rows report time, TFLOPS and the speed-up over fc_torch; fc_triton is
-checked against fc_torch to bf16 rounding before it is timed.
-
 Reports time, GB/s of the op's useful traffic (N*K*H*itemsize read + the same
 written) and that as a fraction of the device-to-device copy bandwidth
 measured in the same run. Writes CSV (+ PNG if matplotlib is present) to
@@ -49,12 +41,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from eagle3_backend.ops import _ext, gather_concat  # noqa: E402
-from eagle3_backend.ops.fused_fc import fused_fc  # noqa: E402
 
 DEFAULT_N = (1, 4, 16, 64, 256, 1024, 4096, 8192)
-GATHER_PROVIDERS = ("torch", "sglang_pack", "triton", "cuda")
-FC_PROVIDERS = ("fc_torch", "fc_triton")
-PROVIDERS = GATHER_PROVIDERS + FC_PROVIDERS
+PROVIDERS = ("torch", "sglang_pack", "triton", "cuda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -136,7 +125,7 @@ def _nvcc_version() -> str:
     return out.strip().splitlines()[-1] if out.strip() else "none"
 
 
-def environment(device: torch.device, argv: list[str]) -> dict[str, str]:
+def environment(device: torch.device, argv: list[str], script: str = "bench_gather_concat.py") -> dict[str, str]:
     try:
         import triton
 
@@ -152,7 +141,7 @@ def environment(device: torch.device, argv: list[str]) -> dict[str, str]:
         "nvcc": _nvcc_version(),
         "python": platform.python_version(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_gather_concat.py " + " ".join(shlex.quote(a) for a in argv),
+        "command": f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in argv),
     }
 
 
@@ -166,7 +155,7 @@ def available_providers(requested: list[str], device: torch.device, jit: bool) -
             if not _ext.available() and not (jit and _ext.jit_build(verbose=False)):
                 skipped[name] = f"extension unavailable: {_ext.load_error()}"
                 continue
-        if name in ("triton", "fc_triton") and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             skipped[name] = "CPU tensors need TRITON_INTERPRET=1"
             continue
         keep.append(name)
@@ -187,11 +176,6 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     print(f"# {env['device']} | torch {env['torch']} | triton {env['triton']} | copy {copy_gbs:.1f} GB/s")
 
     generator = torch.Generator().manual_seed(0)
-    fc_providers = [p for p in providers if p in FC_PROVIDERS] if args.fc_out > 0 else []
-    weight = None
-    if fc_providers:  # [D, K*H], scaled like a trained fc so outputs stay O(1)
-        weight = (torch.randn(args.fc_out, args.k * args.hidden, generator=generator)
-                  / (args.k * args.hidden) ** 0.5).to(dtype).to(device)
     rows_out = []
     for n in args.n:
         sources = [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device) for _ in range(args.k)]
@@ -207,7 +191,7 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
         }
         expected = torch_index_cat(sources, index)
         base_ms = None
-        for name in (p for p in providers if p in GATHER_PROVIDERS):
+        for name in providers:
             result = calls[name]()
             if not torch.equal(result.view(torch.int16 if result.element_size() == 2 else torch.int32),
                                expected.view(torch.int16 if expected.element_size() == 2 else torch.int32)):
@@ -220,65 +204,34 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
                 "time_us": round(ms * 1e3, 3), "GBps": round(gbs, 2),
                 "frac_of_copy": round(gbs / copy_gbs, 4),
                 "speedup_vs_torch": round(base_ms / ms, 3) if base_ms else "",
-                "copy_GBps": round(copy_gbs, 2), "fc_out": "", "TFLOPS": "",
+                "copy_GBps": round(copy_gbs, 2),
             }
             rows_out.append(row)
             speedup = f"x{base_ms / ms:.2f} vs torch" if base_ms else ""
             print(f"N={n:>5} {name:<12} {row['time_us']:>10.2f} us {gbs:>9.1f} GB/s "
                   f"{100 * gbs / copy_gbs:>6.1f}% of copy  {speedup}")
-        if fc_providers:
-            rows_out += time_fc(fc_providers, sources, index, weight, args, copy_gbs)
     write_results(rows_out, env, copy_gbs, Path(args.out_dir), args.tag, plot=not args.no_plot)
     return rows_out
 
 
-def time_fc(providers: list[str], sources: list[torch.Tensor], index: torch.Tensor, weight: torch.Tensor,
-            args: argparse.Namespace, copy_gbs: float) -> list[dict[str, object]]:
-    """Time the draft fc on the gathered rows: concat + matmul vs the fused GEMM."""
-    device = weight.device
-    n = index.shape[0]
-    out = torch.empty(n, weight.shape[0], dtype=weight.dtype, device=device)
-    backends = {"fc_torch": "torch", "fc_triton": "triton"}
-    expected = fused_fc(sources, weight, index, backend="torch").float()
-    scale = expected.abs().max().item() or 1.0
-    rows, base_ms = [], None
-    for name in providers:
-        backend = backends[name]
-        result = fused_fc(sources, weight, index, out=out, backend=backend).float()
-        # Different summation orders agree to the output dtype's rounding; a
-        # layout mistake is off by O(1).
-        err = (result - expected).abs().max().item() / scale
-        if err > 4 * torch.finfo(weight.dtype).eps:
-            raise SystemExit(f"{name} differs from fc_torch at N={n} (max error {err:.3g} of the output "
-                             f"range): refusing to time a wrong kernel")
-        ms = time_ms(lambda: fused_fc(sources, weight, index, out=out, backend=backend), device,
-                     args.warmup, args.rep)
-        base_ms = ms if name == "fc_torch" else base_ms
-        tflops = 2 * n * weight.shape[0] * weight.shape[1] / (ms * 1e-3) / 1e12
-        rows.append({
-            "provider": name, "N": n, "K": args.k, "H": args.hidden, "dtype": args.dtype,
-            "time_us": round(ms * 1e3, 3), "GBps": "", "frac_of_copy": "",
-            "speedup_vs_torch": round(base_ms / ms, 3) if base_ms else "",
-            "copy_GBps": round(copy_gbs, 2), "fc_out": weight.shape[0], "TFLOPS": round(tflops, 3),
-        })
-        speedup = f"x{base_ms / ms:.2f} vs fc_torch" if base_ms else ""
-        print(f"N={n:>5} {name:<12} {ms * 1e3:>10.2f} us {tflops:>9.2f} TFLOPS  {speedup}")
-    return rows
+def write_csv(rows: list[dict[str, object]], header: dict[str, str], out_dir: Path, stem: str,
+              tag: str | None) -> Path:
+    """``<out_dir>/<stem>_<tag or device>.csv``: ``# key: value`` header lines, then the rows."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = tag or "".join(c if c.isalnum() else "_" for c in header["device"]).strip("_").lower()
+    path = out_dir / f"{stem}_{slug}.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        fh.writelines(f"# {key}: {value}\n" for key, value in header.items())
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["provider"])
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+    return path
 
 
 def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: float, out_dir: Path,
                   tag: str | None, plot: bool) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    slug = tag or "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
-    csv_path = out_dir / f"gather_concat_{slug}.csv"
-    with csv_path.open("w", newline="", encoding="utf-8") as fh:
-        for key, value in env.items():
-            fh.write(f"# {key}: {value}\n")
-        fh.write(f"# copy_GBps: {copy_gbs:.2f}\n")
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["provider"])
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {csv_path}")
+    csv_path = write_csv(rows, {**env, "copy_GBps": f"{copy_gbs:.2f}"}, out_dir, "gather_concat", tag)
     if plot:
         try:
             import matplotlib
@@ -288,10 +241,7 @@ def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: 
         except ImportError:
             print("matplotlib not installed: no plot", file=sys.stderr)
             return csv_path
-        fc_rows = [r for r in rows if r["provider"] in FC_PROVIDERS]
-        rows = [r for r in rows if r["provider"] not in FC_PROVIDERS]
-        fig, axes = plt.subplots(1, 2 if fc_rows else 1, figsize=(13 if fc_rows else 7, 4.5), squeeze=False)
-        ax = axes[0][0]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
         for name in dict.fromkeys(r["provider"] for r in rows):
             pts = [(r["N"], r["GBps"]) for r in rows if r["provider"] == name]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
@@ -304,20 +254,6 @@ def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: 
                      f"{env['device']} | torch {env['torch']} | triton {env['triton']}", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
-        if fc_rows:
-            fc_ax = axes[0][1]
-            for name in dict.fromkeys(r["provider"] for r in fc_rows):
-                pts = [(r["N"], r["time_us"]) for r in fc_rows if r["provider"] == name]
-                fc_ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-            fc_ax.set_xscale("log", base=2)
-            fc_ax.set_yscale("log")
-            fc_ax.set_xlabel("N (rows gathered)")
-            fc_ax.set_ylabel("time (us), lower is better")
-            f = fc_rows[0]
-            fc_ax.set_title(f"draft fc: [N, {f['K']}x{f['H']}] @ [{f['fc_out']}, {f['K']}x{f['H']}].T, "
-                            f"{f['dtype']}", fontsize=9)
-            fc_ax.legend(fontsize=8)
-            fc_ax.grid(True, alpha=0.3, which="both")
         fig.tight_layout()
         png = csv_path.with_suffix(".png")
         fig.savefig(png, dpi=120)
@@ -333,15 +269,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
-    parser.add_argument("--fc-out", type=int, default=7168,
-                        help="fc output width D for the fc_* providers (0: skip the fc comparison)")
+    parser.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
+    parser.add_argument("--no-plot", action="store_true")
+    return parse_common(parser, PROVIDERS, argv)
+
+
+def parse_common(parser: argparse.ArgumentParser, providers: tuple[str, ...],
+                 argv: list[str] | None) -> argparse.Namespace:
+    """The options every ops benchmark takes, then parse; ``args.argv`` is the command line."""
+    parser.add_argument("--providers", nargs="+", choices=providers, default=list(providers))
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rep", type=int, default=30)
-    parser.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default=None, help="file name suffix (default: the device name)")
-    parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--no-jit", action="store_true", help="do not JIT-build the CUDA extension")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

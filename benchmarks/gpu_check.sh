@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU run for issue 3: the GPU-marked kernel tests, then the
-# gather_concat benchmark (CSV + PNG). Needs torch with CUDA, triton and nvcc;
+# gather_concat (CSV + PNG) and verify_tree_greedy (CSV) benchmarks. Needs torch with CUDA, triton and nvcc;
 # not sglang. Builds the CUDA extension on the fly for this GPU's arch only
 # (a few tens of seconds on 16 cores). The benchmark runs even when a test
 # fails (device time is scarce); the exit status is the tests' if they failed,
@@ -27,6 +27,7 @@ tests=$?
 tail -25 "$RESULTS_DIR/gpu_tests.log"
 $PY benchmarks/bench_gather_concat.py --out-dir "$RESULTS_DIR" "$@"
 bench=$?
+$PY benchmarks/bench_verify_tree.py --out-dir "$RESULTS_DIR" || bench=$?
 echo "gpu_check: tests exit $tests, benchmark exit $bench; results in $RESULTS_DIR"
 [ "$tests" -ne 0 ] && exit "$tests"
 exit "$bench"

@@ -23,15 +23,11 @@ import json
 import logging
 import platform
 import sys
-from importlib import metadata
 from typing import Any, Sequence
 
 from eagle3_backend.errors import Eagle3Error
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-
-ENV_PACKAGES = ("torch", "triton", "transformers", "sglang", "sgl-kernel", "flashinfer-python",
-                "safetensors", "gguf", "numpy")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -183,20 +179,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- env
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def environment() -> dict[str, Any]:
-    """Versions and accelerator status, without importing sglang."""
+    """Versions (``verify.report``'s package list) and accelerator status, without importing sglang."""
+    from eagle3_backend.verify.report import package_version, versions
+
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "eagle3_backend": _version("eagle3-backend") or _package_version(),
-        "packages": {name: _version(name) for name in ENV_PACKAGES},
+        "eagle3_backend": package_version(),
+        "packages": versions(),
     }
     try:
         import torch
@@ -215,12 +206,6 @@ def environment() -> dict[str, Any]:
         info["cuda"] = {"available": False, "error": f"{type(exc).__name__}: {exc}"}
     info["extension"], info["kernels"], info["kernels_error"] = _kernel_status()
     return info
-
-
-def _package_version() -> str:
-    import eagle3_backend
-
-    return getattr(eagle3_backend, "__version__", "unknown")
 
 
 def _kernel_status() -> tuple[dict[str, Any], dict[str, Any], str | None]:

@@ -35,7 +35,7 @@ import torch
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
 
-__all__ = ["DTYPES", "DraftConfig", "RopeScaling"]
+__all__ = ["DTYPES", "DTYPE_ALIASES", "DraftConfig", "RopeScaling"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+#: Short names the command line also takes (``--dtype bf16``).
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _positive_int(name: str, value: Any) -> None:

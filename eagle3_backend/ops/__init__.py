@@ -7,12 +7,8 @@
     verify_tree_greedy(predicts, accept_index, accept_token_num, candidates,
         retrieve_index, retrieve_next_token, retrieve_next_sibling,
         target_predict, backend=None)                         (verify_tree.py)
-    fused_fc(sources, weight, index=None, bias=None, out=None, backend=None)
-        -> [N, D] draft fc on the gathered states; experimental: backend
-        "triton" never builds the [N, K*H] input, "torch" (default) is
-        gather_concat + matmul                                (fused_fc.py)
 
-Backend choice (not fused_fc, see its module): explicit ``backend=`` > $EAGLE3_KERNEL_BACKEND > auto
+Backend choice: explicit ``backend=`` > $EAGLE3_KERNEL_BACKEND > auto
 (cuda extension > triton > torch); ``describe_backends()`` says which one
 each op resolves to here and why (shown by ``eagle3 env``).
 """
@@ -23,11 +19,9 @@ import torch
 
 from eagle3_backend.ops import _dispatch, _ext
 from eagle3_backend.ops._dispatch import BACKENDS, ENV_VAR
-from eagle3_backend.ops.fused_fc import fused_fc
 from eagle3_backend.ops.gather_concat import capture_into, gather_concat
+from eagle3_backend.ops.table import OP_NAMES as OPS
 from eagle3_backend.ops.verify_tree import VerifyOutputs, allocate_verify_outputs, verify_tree_greedy
-
-OPS = ("gather_concat", "capture_into", "verify_tree_greedy")
 
 
 def describe_backends(device: torch.device | str | None = None) -> dict[str, dict[str, str]]:
@@ -62,7 +56,6 @@ __all__ = [
     "capture_into",
     "describe_backends",
     "extension_status",
-    "fused_fc",
     "gather_concat",
     "verify_tree_greedy",
 ]

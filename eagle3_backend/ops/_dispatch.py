@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle3_backend.config import DTYPES
 from eagle3_backend.errors import KernelError
 from eagle3_backend.ops import _ext
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("cuda", "triton", "torch")
 ENV_VAR = "EAGLE3_KERNEL_BACKEND"
 _AUTO = "auto"
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SUPPORTED_DTYPES = tuple(DTYPES.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ def _why_not(backend: str, device: torch.device, dtypes: tuple[torch.dtype, ...]
         return None
     bad = [d for d in dtypes if d not in _SUPPORTED_DTYPES]
     if bad:
-        return f"dtype {bad[0]} is not one of float32/float16/bfloat16"
+        return f"dtype {bad[0]} is not one of {'/'.join(DTYPES)}"
     if backend == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the CUDA extension needs CUDA tensors"

@@ -1,8 +1,8 @@
 """Loading of the optional compiled extension ``eagle3_backend._C``.
 
 The extension (csrc/, built by setup.py when torch has CUDA and nvcc exists)
-registers ``torch.ops.eagle3.{gather_concat, capture_into,
-verify_tree_greedy}`` through TORCH_LIBRARY. This module imports it once,
+registers ``torch.ops.eagle3.<op>`` for every op of ``table.OPS`` through
+TORCH_LIBRARY. This module imports it once,
 adds fake (meta) implementations so torch.compile and CUDA graphs can trace
 the ops, and can instead JIT-build the same sources with
 ``torch.utils.cpp_extension.load`` (benchmarks on a fresh GPU box).
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import torch
 
+from eagle3_backend.ops.table import CUDA_SOURCES, OP_NAMES
+
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-CUDA_SOURCES = ("gather_concat.cu", "verify_tree_greedy.cu")
-BINDING_SOURCES = ("ops.cpp",)
-OP_NAMES = ("gather_concat", "capture_into", "verify_tree_greedy")
 
 _state: dict[str, object] = {"loaded": False, "error": "not tried yet", "origin": None}
 
@@ -134,7 +133,7 @@ def jit_build(*, verbose: bool = False, build_dir: str | None = None) -> bool:
         logger.info("using CUDA toolkit %s instead of torch's guess %s", home, current)
         cpp_extension.CUDA_HOME = str(home)
 
-    sources = [str(CSRC / name) for name in (*CUDA_SOURCES, *BINDING_SOURCES)]
+    sources = [str(CSRC / name) for name in CUDA_SOURCES]
     try:
         load(
             name="eagle3_backend_C_jit",

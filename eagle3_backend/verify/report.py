@@ -33,6 +33,7 @@ __all__ = [
     "check_plot_path",
     "git_revision",
     "machine_info",
+    "package_version",
     "plot_acceptance_histogram",
     "plot_spec_vs_baseline",
     "plot_tokens_per_s_vs_concurrency",
@@ -42,7 +43,9 @@ __all__ = [
 
 DEFAULT_RESULTS_DIR = Path("benchmarks") / "results"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_PACKAGES = ("torch", "transformers", "sglang", "flashinfer-python", "triton", "eagle3-backend")
+#: The packages whose versions ``eagle3 env`` shows and every results file records.
+PACKAGES = ("torch", "triton", "transformers", "sglang", "sgl-kernel", "flashinfer-python",
+            "safetensors", "gguf", "numpy")
 
 
 def machine_info() -> dict[str, Any]:
@@ -77,7 +80,7 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def versions(packages: Sequence[str] = _PACKAGES) -> dict[str, str | None]:
+def versions(packages: Sequence[str] = PACKAGES) -> dict[str, str | None]:
     """Installed versions (None when not installed); reads metadata, imports nothing."""
     out: dict[str, str | None] = {}
     for name in packages:
@@ -106,12 +109,16 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-def environment() -> dict[str, Any]:
+def package_version() -> str:
+    """This package's installed version, or its ``__version__`` in a source checkout."""
     from eagle3_backend import __version__
 
-    vers = versions()
-    if vers.get("eagle3-backend") is None:  # run from a source checkout, not installed
-        vers["eagle3-backend"] = __version__
+    return versions(["eagle3-backend"])["eagle3-backend"] or __version__
+
+
+def environment() -> dict[str, Any]:
+    """Machine, package versions and git revision: what a results file records."""
+    vers = {**versions(), "eagle3-backend": package_version()}
     return {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),

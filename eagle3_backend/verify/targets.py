@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from eagle3_backend.checkpoint.files import pickle_files
+from eagle3_backend.config import DTYPE_ALIASES, DTYPES
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
 from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path
@@ -46,27 +47,17 @@ __all__ = [
 ]
 
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
 def parse_dtype(name: "str | torch.dtype") -> torch.dtype:
     """``"float32"``/``"bf16"``/... -> torch dtype."""
     if isinstance(name, torch.dtype):
         return name
     key = str(name).lower().removeprefix("torch.")
-    if key not in _DTYPES:
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
         raise TargetError(
-            f"unknown dtype {name!r}; expected one of float32, bfloat16, float16 "
-            "(or fp32, bf16, fp16)."
+            f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})."
         )
-    return _DTYPES[key]
+    return DTYPES[key]
 
 
 @dataclass(slots=True)

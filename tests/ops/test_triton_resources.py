@@ -22,7 +22,6 @@ import pytest
 pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from eagle3_backend.ops.triton import fused_fc as triton_fc  # noqa: E402
 from eagle3_backend.ops.triton import gather_concat as triton_gather  # noqa: E402
 from eagle3_backend.ops.triton import verify_tree as triton_verify  # noqa: E402
 from eagle3_backend.ops.triton.resources import (  # noqa: E402
@@ -91,9 +90,8 @@ _ONE_WARP = types.SimpleNamespace(num_warps=1, num_stages=1)  # the verify kerne
 
 
 def _variants():
-    for name, body, types, consts, config in (*triton_gather.launch_variants(), *triton_fc.launch_variants()):
-        extra = f"-K{consts['NUM_SOURCES']}" if name == "fused_fc" else ""
-        yield pytest.param(name, body, types, consts, config, id=f"{name}-{_config_id(config)}{extra}")
+    for name, body, types, consts, config in triton_gather.launch_variants():
+        yield pytest.param(name, body, types, consts, config, id=f"{name}-{_config_id(config)}")
     yield pytest.param("verify_tree_greedy", triton_verify._verify_tree_greedy_kernel, _VERIFY_TYPES, {},
                        _ONE_WARP, id="verify_tree_greedy")
 
@@ -101,8 +99,6 @@ def _variants():
 def _config_id(config) -> str:
     if hasattr(config, "block_h"):
         return f"block{config.block_h}-warps{config.num_warps}"
-    if hasattr(config, "block_m"):
-        return f"{config.block_m}x{config.block_n}x{config.block_k}-stages{config.num_stages}"
     return "one-warp"
 
 
@@ -123,9 +119,6 @@ def test_config_fits_shared_memory_and_registers(name, body, types, consts, conf
     compiled = _compile(name, body, types, consts, config, capability)
     used = int(compiled.metadata.shared)
     assert used <= SM120_SHARED_LIMIT, f"{name} {config} needs {used} B of shared memory on sm_{capability}"
-    if name == "fused_fc":
-        tile_bytes = 2 * (config.block_m + config.block_n) * config.block_k  # one bf16 stage of A and W
-        assert used >= tile_bytes, f"{config}: {used} B is less than one stage ({tile_bytes} B): not pipelined?"
     _needs_cuobjdump()
     usage = cubin_resources(compiled)
     assert not usage.spills, (
@@ -153,8 +146,7 @@ def test_kernels_use_only_triton_builtins():
     triton.language.standard (tl.zeros, tl.sum, ...) are themselves jit
     functions fixed at import to one of the two modes and break the other,
     so kernels may call only builtins."""
-    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_gather.KERNEL_BODIES.values(),
-              triton_fc._fused_fc_kernel, _probe_matmul]
+    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_gather.KERNEL_BODIES.values(), _probe_matmul]
     for body in bodies:
         for node in ast.walk(ast.parse(inspect.getsource(body))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

@@ -11,13 +11,15 @@ Children are linked as first-child / next-sibling lists
 ascending node order; ``retrive_index`` is the node's flat row b*n + i.
 
 Trees are tiny (n <= a few dozen nodes per request), so the ops walk them in
-plain Python on lists pulled out of the tensors in one copy each, and write
-results back with one tensor copy each.
+plain Python on lists pulled out of the tensors in one copy each. Verify is
+``eagle3_backend.ops``' torch reference, behind SGLang's CPU op signature.
 """
 
 from __future__ import annotations
 
 import torch
+
+from eagle3_backend.ops.reference import verify_tree_greedy_ref
 
 QLEN_ONLY = 1
 FULL_MASK = 0
@@ -108,49 +110,7 @@ def verify_tree_greedy_cpu(predicts: torch.Tensor, accept_index: torch.Tensor,
                            accept_token_num: torch.Tensor, candidates: torch.Tensor,
                            retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
                            retrive_next_sibling: torch.Tensor, target_predict: torch.Tensor) -> None:
-    """Accept the longest root path whose draft tokens equal the target's argmax.
-
-    candidates, retrive_*, target_predict: [bs, n]. Writes predicts [bs*n]
-    int32 at the accepted nodes (the target token that follows each, the
-    last one being the bonus), accept_index [bs, steps] (flat node rows, the
-    root first; entries past the accepted path are left as SGLang filled
-    them, -1) and accept_token_num [bs] (accepted drafts, bonus excluded).
-    """
-    bs, n = candidates.shape
-    steps = accept_index.shape[1]
-    cand = candidates.tolist()
-    ri = retrive_index.tolist()
-    nxt = retrive_next_token.tolist()
-    sib = retrive_next_sibling.tolist()
-    target = target_predict.reshape(-1).tolist()
-    pred_idx: list[int] = []
-    pred_val: list[int] = []
-    acc_idx: list[int] = []
-    acc_val: list[int] = []
-    nums: list[int] = []
-    for b in range(bs):
-        last = ri[b][0]
-        acc_idx.append(b * steps)
-        acc_val.append(last)
-        num, cur = 0, 0
-        for _ in range(1, steps):
-            cur = nxt[b][cur]
-            while cur != -1:
-                if cand[b][cur] == target[last]:
-                    pred_idx.append(last)
-                    pred_val.append(target[last])
-                    num += 1
-                    last = ri[b][cur]
-                    acc_idx.append(b * steps + num)
-                    acc_val.append(last)
-                    break
-                cur = sib[b][cur]
-            if cur == -1:
-                break
-        nums.append(num)
-        pred_idx.append(last)
-        pred_val.append(target[last])
-    dev = predicts.device
-    predicts[torch.tensor(pred_idx, dtype=torch.long, device=dev)] = torch.tensor(pred_val, dtype=predicts.dtype, device=dev)
-    accept_index.view(-1)[torch.tensor(acc_idx, dtype=torch.long, device=dev)] = torch.tensor(acc_val, dtype=accept_index.dtype, device=dev)
-    accept_token_num.copy_(torch.tensor(nums, dtype=accept_token_num.dtype, device=dev))
+    """SGLang's CPU op signature over ``eagle3_backend.ops.reference.verify_tree_greedy_ref``,
+    the one greedy tree verify of this package (the verifier calls it too)."""
+    verify_tree_greedy_ref(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                           retrive_next_token, retrive_next_sibling, target_predict)
