@@ -122,8 +122,22 @@ def message_types() -> _Types:
         payload: str  # JSON: draft_info()
 
     types = _Types(Eagle3DraftInfoReqInput, Eagle3DraftInfoReqOutput)
-    hooks.use(_CUSTOM_TYPES)(*types.all)  # this process decodes them from now on
+    for cls in types.all:  # module-level names: SGLang's pickle IPC finds them by name
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+        globals()[cls.__name__] = cls
+    hooks.use(_CUSTOM_TYPES)(*types.all)  # and its msgpack IPC decodes them from now on
     return types
+
+
+_TYPE_NAMES = ("Eagle3DraftInfoReqInput", "Eagle3DraftInfoReqOutput")
+
+
+def __getattr__(name: str) -> Any:
+    """An unpickling process builds the message types on first use."""
+    if name in _TYPE_NAMES:
+        message_types()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------ scheduler: the record
