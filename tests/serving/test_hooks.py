@@ -128,18 +128,26 @@ def test_changed_signature_fails_closed(monkeypatch):
     assert problem.endswith("expected (self, input_ids)")
 
 
-def test_cpu_rows_are_registered_on_the_cpu_engine_only(monkeypatch):
-    from eagle3_backend.serving import checks, plugin
-
+def _recording_registry(monkeypatch, missing: str | None = None) -> list[str]:
+    """Targets registered from now on (SGLang's registry is not touched); ``missing`` resolves to nothing."""
     calls: list[str] = []
     real = hooks._resolve
 
     def resolve(target):
+        if target == missing:
+            raise AttributeError(f"no attribute {target.rsplit('.', 1)[-1]!r}")
         if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
             return lambda target, hook, hook_type=None, *, source=None: calls.append(target)
         return real(target)
 
     monkeypatch.setattr(hooks, "_resolve", resolve)
+    return calls
+
+
+def test_cpu_rows_are_registered_on_the_cpu_engine_only(monkeypatch):
+    from eagle3_backend.serving import checks, plugin
+
+    calls = _recording_registry(monkeypatch)
     monkeypatch.delenv(checks.PLAN_ENV, raising=False)
     cpu = [h.target for h in hooks.rows("cpu")]
     assert cpu == ["sglang.srt.distributed.parallel_state.init_model_parallel_group"]
@@ -208,24 +216,23 @@ def _child_process(monkeypatch):
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
 
 
-def test_a_scheduler_registers_the_draft_rows_when_the_launcher_turned_them_on(monkeypatch):
-    from eagle3_backend.serving import checks, drafts, plugin, runtime
+def _in_eagle3_scheduler(monkeypatch) -> None:
+    """This process as a scheduler of a checked EAGLE-3 launch (not on the CPU engine)."""
+    from eagle3_backend.serving import checks
     from eagle3_backend.serving.capture import ServingPlan
 
-    calls: list[str] = []
-    real = hooks._resolve
-
-    def resolve(target):
-        if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
-            return lambda target, hook, hook_type=None, *, source=None: calls.append(target)
-        return real(target)
-
-    monkeypatch.setattr(hooks, "_resolve", resolve)
-    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     _child_process(monkeypatch)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
                        hidden_size=8, draft_path="d", layout_source="explicit")
     monkeypatch.setenv(checks.PLAN_ENV, plan.to_json())
+
+
+def test_a_scheduler_registers_the_draft_rows_when_the_launcher_turned_them_on(monkeypatch):
+    from eagle3_backend.serving import drafts, plugin, runtime
+
+    calls = _recording_registry(monkeypatch)
+    _in_eagle3_scheduler(monkeypatch)
     draft_rows = [h.target for h in hooks.rows("draft") if h.kind != hooks.USE]
     assert draft_rows == ["sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher",
                           f"{hooks._MR}.update_spec_metrics", f"{hooks._WU}.update_weights_from_disk",
@@ -248,35 +255,22 @@ def test_a_scheduler_registers_the_draft_rows_when_the_launcher_turned_them_on(m
 def test_a_missing_draft_row_turns_off_only_that_feature_with_one_line(monkeypatch, caplog):
     """The launcher logs one line and keeps going; a scheduler told 'on' but missing a row
     registers nothing of the feature and still starts."""
-    from eagle3_backend.serving import checks, drafts, plugin, runtime
-    from eagle3_backend.serving.capture import ServingPlan
+    import os
 
-    real = hooks._resolve
+    from eagle3_backend.serving import drafts, plugin, runtime
+
     gone = f"{hooks._WU}._select_runners"
-
-    def resolve(target):
-        if target == gone:
-            raise AttributeError("type object 'SchedulerWeightUpdaterManager' has no attribute '_select_runners'")
-        if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
-            return lambda target, hook, hook_type=None, *, source=None: calls.append(target)
-        return real(target)
-
-    calls: list[str] = []
-    monkeypatch.setattr(hooks, "_resolve", resolve)
+    calls = _recording_registry(monkeypatch, missing=gone)
     monkeypatch.setenv(drafts.DRAFT_ENV, "1")
     caplog.set_level("WARNING", logger="eagle3_backend")
     assert drafts.decide_in_launcher() is False
-    assert drafts.DRAFT_ENV not in __import__("os").environ
+    assert drafts.DRAFT_ENV not in os.environ
     (line,) = [r.getMessage() for r in caplog.records if "live-draft admin" in r.getMessage()]
     assert "\n" not in line
     assert line.startswith(f"eagle3_backend: SGLang 0.5.23 lacks hook target {gone} (AttributeError")
     assert "is off on this server" in line and "EAGLE-3 serving is unaffected" in line
 
-    _child_process(monkeypatch)
-    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
-    plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
-                       hidden_size=8, draft_path="d", layout_source="explicit")
-    monkeypatch.setenv(checks.PLAN_ENV, plan.to_json())
+    _in_eagle3_scheduler(monkeypatch)
     monkeypatch.setenv(drafts.DRAFT_ENV, "1")
     runtime.process_plan.cache_clear()
     try:
