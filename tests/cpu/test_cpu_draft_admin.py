@@ -17,10 +17,11 @@ ids only) with the echo draft, EAGLE-3 chain, ``--api-key``. In order, on that s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
-import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -66,8 +67,7 @@ def server(target, draft, plugin_site, work):
     from cpu_testutil import family_spec
 
     spec = family_spec(target, draft)
-    spec = type(spec)(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
-                         "extra_args": (*spec.extra_args, "--api-key", KEY)})
+    spec = dataclasses.replace(spec, extra_args=(*spec.extra_args, "--api-key", KEY))
     srv = CpuServer(spec, work / "server.log", pythonpath=(str(plugin_site), str(REPO)),
                     start_timeout=START_TIMEOUT, api_key=KEY)
     started = time.time()
@@ -225,4 +225,3 @@ def test_swap_validates_and_refuses_without_touching_weights(server, target, dra
     assert {k: after[k] for k in ("path", "layout", "weights_sha256", "loaded_at")} == {
         k: before[k] for k in ("path", "layout", "weights_sha256", "loaded_at")}
     assert "eagle3_backend: added GET /eagle3/draft and POST /eagle3/draft/swap" in server.log_text()
-    assert sys.executable  # the launcher ran under this interpreter (argv[0] is the module file)
