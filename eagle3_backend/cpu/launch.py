@@ -138,6 +138,7 @@ class CpuServer:
     env_extra: dict[str, str] = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen | None = None
+    api_key: str | None = None  # sent as "Authorization: Bearer KEY" (pass --api-key in the spec)
 
     @property
     def url(self) -> str:
@@ -204,19 +205,28 @@ class CpuServer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def _request(self, path: str, body: bytes | dict) -> urllib.request.Request:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return urllib.request.Request(self.url + path, data=data,
-                                      headers={"Content-Type": "application/json"})
+    def _request(self, path: str, body: bytes | dict | None) -> urllib.request.Request:
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return urllib.request.Request(self.url + path, data=data, headers=headers)
 
-    def post(self, path: str, body: bytes | dict, timeout: float = 300.0) -> tuple[int, Any]:
-        """POST and return (HTTP status, parsed JSON or raw text). Never raises on HTTP errors."""
+    def _send(self, req: urllib.request.Request, timeout: float) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(self._request(path, body), timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as err:
             status, raw = err.code, err.read()
         return status, _json_or_text(raw)
+
+    def post(self, path: str, body: bytes | dict, timeout: float = 300.0) -> tuple[int, Any]:
+        """POST and return (HTTP status, parsed JSON or raw text). Never raises on HTTP errors."""
+        return self._send(self._request(path, body), timeout)
+
+    def get(self, path: str, timeout: float = 300.0) -> tuple[int, Any]:
+        """GET and return (HTTP status, parsed JSON or raw text). Never raises on HTTP errors."""
+        return self._send(self._request(path, None), timeout)
 
     def stream(self, path: str, body: dict, timeout: float = 300.0) -> tuple[int, list[Any], bool]:
         """POST a streaming request: (HTTP status, the JSON events, whether the stream ended in [DONE])."""

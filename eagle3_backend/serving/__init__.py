@@ -64,5 +64,29 @@ def plugin() -> None:
         done += hooks.register("cpu")
     if plan_text:
         done += hooks.register("serve")
+    done += _register_draft_admin(plan_text)
     logger.info("eagle3_backend plugin: registered %d SGLang hooks (SGLang %s)", len(done),
                 hooks.sglang_version())
+
+
+def _register_draft_admin(plan_text: str | None) -> list[str]:
+    """The optional live-draft admin (serving/drafts.py): never stops a process.
+
+    The main process (the launcher) registers the route hook, which adds the routes only when
+    its pre-load checks turned the feature on; the schedulers of an EAGLE-3 launch register
+    the scheduler rows when the launcher said so (``$EAGLE3_DRAFT_ADMIN``). Missing rows: the
+    launcher logs the one line (``drafts.decide_in_launcher``); a process registers nothing.
+    """
+    import multiprocessing
+
+    from eagle3_backend.serving import drafts, hooks
+
+    if multiprocessing.parent_process() is None:
+        return hooks.register("draft-http") if not hooks.verify("draft-http") else []
+    if plan_text and os.environ.get(drafts.DRAFT_ENV) == "1":
+        problems = hooks.verify("draft")
+        if problems:
+            logger.warning("%s", drafts.off_line(problems[0]))
+            return []
+        return hooks.register("draft")
+    return []

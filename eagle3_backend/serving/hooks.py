@@ -22,6 +22,12 @@ the processes of an EAGLE-3 launch (after the pre-load checks passed, see
 ``runtime.py``); ``arch:<Architecture>`` rows are the target model files,
 checked for the served target only; ``cpu`` rows in every process of a launch on the CPU
 engine with this package's platform (``eagle3_backend.cpu``), EAGLE-3 or not.
+
+``draft`` and ``draft-http`` are the one *optional* feature, the live-draft admin
+(``drafts.py``): the launcher of an EAGLE-3 launch verifies both after its checks and, when
+a row is missing or changed, logs one line and turns only that feature off (never the
+server); ``draft-http`` is registered in the main process, ``draft`` in the schedulers of an
+EAGLE-3 launch with the feature on.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ PLUGIN_NAME = "eagle3"
 BEFORE, AFTER, AROUND, REPLACE, USE = "before", "after", "around", "replace", "use"
 _KINDS = (BEFORE, AFTER, AROUND, REPLACE, USE)
 CLASS = "class"  # signature of a class target (REPLACE of a class, or a base class)
+#: ``draft`` and ``draft-http`` are one optional feature (serving/drafts.py): a missing row
+#: turns it off with one line; every other group stops start-up instead.
+GROUPS = ("main", "serve", "cpu", "draft", "draft-http")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +71,7 @@ class Hook:
             raise ValueError(f"hook kind {self.kind!r} not in {_KINDS}")
         if (self.kind == USE) == bool(self.handler):
             raise ValueError(f"{self.target}: a {self.kind} row {'must' if self.kind != USE else 'cannot'} name a handler")
-        if not (self.group in ("main", "serve", "cpu") or self.group.startswith("arch:")):
+        if not (self.group in GROUPS or self.group.startswith("arch:")):
             raise ValueError(f"{self.target}: unknown group {self.group!r}")
 
 
@@ -70,6 +79,10 @@ _S = "eagle3_backend.serving"
 _AUX = "sglang.srt.layers.aux_hidden_states"
 _CONFIGURE = "sglang.srt.model_executor.model_runner_components.attention_backend_setup.configure_aux_hidden_state_capture"
 _SET = "(self, layer_ids=)"
+_HTTP = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
+_TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+_WU = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+_MR = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 
 HOOKS: tuple[Hook, ...] = (
     # -- launcher: refusals before any weight is loaded ---------------------------------
@@ -145,6 +158,55 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.models.qwen2_moe.Qwen2MoeModel.set_eagle3_layers_to_capture", USE,
          "(self, layers_to_capture)", "arch:Qwen3MoeForCausalLM",
          why="qwen3_moe hands the shifted ids on to the inner model"),
+    # -- live-draft admin (drafts.py): off with one line when any row is missing -----------
+    # launcher (main process): the admin routes and their round trip to the schedulers
+    Hook(_HTTP, BEFORE, "(server_args, tokenizer_manager, template_manager, port_args, "
+         "scheduler_infos, subprocess_watchdog, execute_warmup_func=, launch_callback=)",
+         "draft-http", f"{_S}.drafts:before_setup_http_server",
+         "runs once before uvicorn starts and before SGLang adds its API-key middleware: "
+         "routes added here follow SGLang's key rules"),
+    Hook("sglang.srt.entrypoints.http_server.app", USE, "(scope, receive, send)", "draft-http",
+         why="SGLang's FastAPI app, where GET /eagle3/draft and POST /eagle3/draft/swap go"),
+    Hook("sglang.srt.utils.auth.auth_level", USE, "(level)", "draft-http",
+         why="marks the routes ADMIN_OPTIONAL, like /update_weights_from_disk"),
+    Hook("sglang.srt.utils.auth.AuthLevel", USE, CLASS, "draft-http", why="auth levels"),
+    Hook("sglang.srt.managers.communicator.FanOutCommunicator", USE, CLASS, "draft-http",
+         why="one request to every DP scheduler, one answer each (SGLang's control-plane pattern)"),
+    Hook(f"{_TM}._dispatch_to_scheduler", USE, "(self, obj)", "draft-http",
+         why="sends the info request to the schedulers"),
+    Hook(f"{_TM}.auto_create_handle_loop", USE, "(self)", "draft-http",
+         why="the tokenizer manager's receive loop, which routes answers through its "
+             "_result_dispatcher (an instance attribute, extended with this plugin's type)"),
+    Hook("sglang.srt.runtime_context.get_parallel", USE, "()", "draft-http",
+         why="num_dp_ranks: how many answers one info request gets"),
+    # both sides: this plugin's IPC message types
+    Hook("sglang.srt.managers.io_struct.BaseReq", USE, CLASS, "draft",
+         why="base of the info request/answer structs (msgspec, tagged by class name)"),
+    Hook("sglang.srt.managers.io_struct.hook_custom_types", USE, "(*new_types)", "draft",
+         why="registers those structs with the IPC decoder of each process"),
+    Hook("sglang.utils.TypeBasedDispatcher", USE, CLASS, "draft",
+         why="extends the scheduler's _request_dispatcher and the tokenizer's _result_dispatcher"),
+    # scheduler: info handler, acceptance since load, the /update_weights_from_disk guard
+    Hook("sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher", AFTER, "(self)", "draft",
+         f"{_S}.drafts:after_init_request_dispatcher",
+         "adds the info request to the scheduler's dispatcher (answered between batches)"),
+    Hook(f"{_MR}.update_spec_metrics", AFTER,
+         "(self, bs, num_correct_drafts, num_accept_tokens, num_block_accept_tokens=, num_cap_tokens=)",
+         "draft", f"{_S}.drafts:after_update_spec_metrics",
+         "the scheduler's own per-batch acceptance counts, summed since the draft was loaded"),
+    Hook(f"{_WU}.update_weights_from_disk", AROUND, "(self, recv_req)", "draft",
+         f"{_S}.drafts:around_update_weights_from_disk",
+         "stock 0.5.23 loads the given (target) path into the target and then every draft "
+         "runner: a crash or a silently corrupted EAGLE-3 draft; here the target only"),
+    Hook(f"{_WU}._select_runners", AROUND, "(self, selector=)", "draft",
+         f"{_S}.drafts:around_select_runners",
+         "the (role, runner) pairs an update applies to; the guard drops the draft roles"),
+    Hook("sglang.srt.managers.io_struct.UpdateWeightFromDiskReqOutput", USE, CLASS, "draft",
+         why="the answer to a refused /update_weights_from_disk of a draft checkpoint"),
+    Hook("sglang.srt.speculative.base_spec_worker.BaseSpecWorker.weight_update_runners", USE,
+         "(self)", "draft", why="the draft's runners (role 'draft'), whose weights are hashed"),
+    Hook("sglang.srt.managers.tp_worker.TpModelWorker.weight_update_runners", USE, "(self)", "draft",
+         why="the target's runner: its parameter objects the draft shares are not the draft's"),
 )
 
 _BY_TARGET: dict[str, Hook] = {h.target: h for h in HOOKS}

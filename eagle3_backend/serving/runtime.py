@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from eagle3_backend.errors import CheckpointError, Eagle3Error, ServingError
 from eagle3_backend.checkpoint import suite
-from eagle3_backend.serving import checks, collect, hooks
+from eagle3_backend.serving import checks, collect, drafts, hooks
 from eagle3_backend.serving.capture import ServingPlan, arch_capture
 
 logger = logging.getLogger(__name__)
@@ -29,23 +29,15 @@ _LOGITS_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
 # ----------------------------------------------------------------------------- launcher
 def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ServerArgs.check_server_args: refuse before loading weights, or hand the plan on."""
-    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
-    launch = checks.LaunchArgs(
-        algorithm=cfg.speculative_algorithm,
-        draft_path=cfg.speculative_draft_model_path,
-        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
-        two_batch_overlap=bool(getattr(cfg, "enable_two_batch_overlap", False)),
-        num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
-        topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
-        num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
-    )
+    launch = launch_args(server_args)
     os.environ.pop(checks.PLAN_ENV, None)  # never let a stale plan reach the schedulers
+    os.environ.pop(drafts.DRAFT_ENV, None)
     if launch.algorithm not in ("EAGLE", "EAGLE3"):
         return None
     try:
         target = None
         if launch.algorithm == "EAGLE3":
-            target = _target_info(server_args, cfg)
+            target = target_of(server_args)
             problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(target.architecture))
             if problems:
                 raise ServingError(hooks.fail_closed_line(problems[0]))
@@ -61,7 +53,28 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
                 "layout %s (%s) -> fc input %d", plan.draft_path, plan.architecture,
                 plan.num_layers, plan.hidden_size, plan.layout, plan.layout_source,
                 plan.fc_in_features)
+    drafts.decide_in_launcher()  # the live-draft admin: on, or off with one line
     return None
+
+
+def launch_args(server_args: Any) -> checks.LaunchArgs:
+    """The launch arguments the checks read, from SGLang's resolved view of ``server_args``."""
+    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
+    return checks.LaunchArgs(
+        algorithm=cfg.speculative_algorithm,
+        draft_path=cfg.speculative_draft_model_path,
+        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
+        two_batch_overlap=bool(getattr(cfg, "enable_two_batch_overlap", False)),
+        num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
+        topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
+        num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
+    )
+
+
+def target_of(server_args: Any):
+    """The served target as SGLang sees it (hub ids and overrides included)."""
+    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
+    return _target_info(server_args, cfg)
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -259,6 +272,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
     if unwrapped:
         logger.warning("eagle3_backend: cannot track loads of draft params %s; their consumption "
                        "was checked before start-up only", unwrapped)
+        drafts.record_load(process_plan().draft_path, str(process_plan().layout))
         return result
     skipped = [n for n in seen if n not in consumed and "d2t" not in n and "t2d" not in n]
     layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 1) or 1)
@@ -274,6 +288,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
         )
     logger.info("eagle3_backend: draft weights: %d tensors, every one consumed by SGLang's loader",
                 len(seen))
+    drafts.record_load(process_plan().draft_path, str(process_plan().layout))
     return result
 
 

@@ -128,18 +128,26 @@ def test_changed_signature_fails_closed(monkeypatch):
     assert problem.endswith("expected (self, input_ids)")
 
 
-def test_cpu_rows_are_registered_on_the_cpu_engine_only(monkeypatch):
-    from eagle3_backend.serving import checks, plugin
-
+def _recording_registry(monkeypatch, missing: str | None = None) -> list[str]:
+    """Targets registered from now on (SGLang's registry is not touched); ``missing`` resolves to nothing."""
     calls: list[str] = []
     real = hooks._resolve
 
     def resolve(target):
+        if target == missing:
+            raise AttributeError(f"no attribute {target.rsplit('.', 1)[-1]!r}")
         if target == "sglang.srt.plugins.hook_registry.HookRegistry.register":
             return lambda target, hook, hook_type=None, *, source=None: calls.append(target)
         return real(target)
 
     monkeypatch.setattr(hooks, "_resolve", resolve)
+    return calls
+
+
+def test_cpu_rows_are_registered_on_the_cpu_engine_only(monkeypatch):
+    from eagle3_backend.serving import checks, plugin
+
+    calls = _recording_registry(monkeypatch)
     monkeypatch.delenv(checks.PLAN_ENV, raising=False)
     cpu = [h.target for h in hooks.rows("cpu")]
     assert cpu == ["sglang.srt.distributed.parallel_state.init_model_parallel_group"]
@@ -183,8 +191,12 @@ def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     monkeypatch.delenv(checks.PLAN_ENV, raising=False)
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     plugin()
+    # the main process (this one: the launcher) also gets the live-draft route hook
+    http = [(h.target, h.kind) for h in hooks.rows("draft-http") if h.kind != hooks.USE]
+    assert http == [("sglang.srt.entrypoints.http_server._setup_and_run_http_server", "before")]
     assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after"),
-                     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before")]
+                     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before"),
+                     *http]
     calls.clear()
     plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
                        hidden_size=8, draft_path="d", layout_source="explicit")
@@ -195,4 +207,75 @@ def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     finally:
         runtime.process_plan.cache_clear()
     assert calls == [(h.target, h.kind) for h in hooks.HOOKS
-                     if h.kind != hooks.USE and h.group in ("main", "serve")]
+                     if h.kind != hooks.USE and h.group in ("main", "serve", "draft-http")]
+
+
+def _child_process(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+
+
+def _in_eagle3_scheduler(monkeypatch) -> None:
+    """This process as a scheduler of a checked EAGLE-3 launch (not on the CPU engine)."""
+    from eagle3_backend.serving import checks
+    from eagle3_backend.serving.capture import ServingPlan
+
+    _child_process(monkeypatch)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
+                       hidden_size=8, draft_path="d", layout_source="explicit")
+    monkeypatch.setenv(checks.PLAN_ENV, plan.to_json())
+
+
+def test_a_scheduler_registers_the_draft_rows_when_the_launcher_turned_them_on(monkeypatch):
+    from eagle3_backend.serving import drafts, plugin, runtime
+
+    calls = _recording_registry(monkeypatch)
+    _in_eagle3_scheduler(monkeypatch)
+    draft_rows = [h.target for h in hooks.rows("draft") if h.kind != hooks.USE]
+    assert draft_rows == ["sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher",
+                          f"{hooks._MR}.update_spec_metrics", f"{hooks._WU}.update_weights_from_disk",
+                          f"{hooks._WU}._select_runners"]
+    runtime.process_plan.cache_clear()
+    try:
+        for env, expected in ((None, []), ("1", draft_rows)):
+            if env is None:
+                monkeypatch.delenv(drafts.DRAFT_ENV, raising=False)
+            else:
+                monkeypatch.setenv(drafts.DRAFT_ENV, env)
+            calls.clear()
+            plugin()
+            assert [c for c in calls if c in draft_rows] == expected, env
+            assert hooks._HTTP not in calls  # a child process never hooks the HTTP server
+    finally:
+        runtime.process_plan.cache_clear()
+
+
+def test_a_missing_draft_row_turns_off_only_that_feature_with_one_line(monkeypatch, caplog):
+    """The launcher logs one line and keeps going; a scheduler told 'on' but missing a row
+    registers nothing of the feature and still starts."""
+    import os
+
+    from eagle3_backend.serving import drafts, plugin, runtime
+
+    gone = f"{hooks._WU}._select_runners"
+    calls = _recording_registry(monkeypatch, missing=gone)
+    monkeypatch.setenv(drafts.DRAFT_ENV, "1")
+    caplog.set_level("WARNING", logger="eagle3_backend")
+    assert drafts.decide_in_launcher() is False
+    assert drafts.DRAFT_ENV not in os.environ
+    (line,) = [r.getMessage() for r in caplog.records if "live-draft admin" in r.getMessage()]
+    assert "\n" not in line
+    assert line.startswith(f"eagle3_backend: SGLang 0.5.23 lacks hook target {gone} (AttributeError")
+    assert "is off on this server" in line and "EAGLE-3 serving is unaffected" in line
+
+    _in_eagle3_scheduler(monkeypatch)
+    monkeypatch.setenv(drafts.DRAFT_ENV, "1")
+    runtime.process_plan.cache_clear()
+    try:
+        plugin()  # no SystemExit
+    finally:
+        runtime.process_plan.cache_clear()
+    assert not {h.target for h in hooks.rows("draft")} & set(calls)
+    assert "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens" in calls  # serving is on

@@ -88,7 +88,11 @@ def test_load_plugins_applies_the_table_in_an_eagle3_process(plugin_site):
     plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM",
                        num_layers=4, hidden_size=8, draft_path="d", layout_source="explicit")
     got = _probe(plugin_site, **{checks.PLAN_ENV: plan.to_json()})
-    expected = sorted(h.target for h in hooks.HOOKS if h.kind != hooks.USE and h.group in ("main", "serve"))
+    # a main process (this probe) also gets the live-draft route hook; the schedulers' draft
+    # rows are registered in child processes only (their registration: test_hooks.py, and the
+    # server tier tests/cpu/test_cpu_draft_admin.py)
+    expected = sorted(h.target for h in hooks.HOOKS
+                      if h.kind != hooks.USE and h.group in ("main", "serve", "draft-http"))
     assert got["ours"] == expected and got["applied"]
     assert got["list"] == got["llama_list"] == "LayoutAuxList"
     assert got["packer"] == "LayoutAuxPacker"

@@ -1,0 +1,126 @@
+"""The live-draft admin's pieces in process (serving/drafts.py); the server tier is
+tests/cpu/test_cpu_draft_admin.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from eagle3_backend.serving import checks, drafts, runtime
+from eagle3_backend.serving.capture import ServingPlan
+
+LAUNCH = "/venv/lib/python3.11/site-packages/sglang/launch_server.py"
+
+
+def test_restart_command_sets_the_draft_path():
+    argv = [LAUNCH, "--model-path", "/m", "--speculative-draft-model-path", "/old", "--port", "1"]
+    assert drafts.restart_command(argv, "/new dir") == (
+        "python -m sglang.launch_server --model-path /m --speculative-draft-model-path '/new dir' --port 1")
+    assert drafts.restart_command([LAUNCH, "--speculative-draft-model-path=/old"], "/n") == (
+        "python -m sglang.launch_server --speculative-draft-model-path=/n")
+    assert drafts.restart_command([LAUNCH, "--model-path", "/m"], "/n") == (
+        "python -m sglang.launch_server --model-path /m --speculative-draft-model-path /n")
+    assert drafts.restart_command(["my_engine.py"], "/n") == (
+        "your launch command with --speculative-draft-model-path /n")
+
+
+def test_weights_digest_covers_names_dtypes_shapes_and_bytes():
+    a = [("w", torch.arange(6, dtype=torch.float32).reshape(2, 3)), ("b", torch.ones(2, dtype=torch.bfloat16))]
+    digest, n = drafts.weights_digest(a)
+    assert n == 2 and digest == drafts.weights_digest(list(reversed(a)))[0]  # name order
+    changed = [("w", a[0][1].clone()), a[1]]
+    changed[0][1][1, 2] = 5.5
+    assert drafts.weights_digest(changed)[0] != digest
+    assert drafts.weights_digest([("w", a[0][1].reshape(3, 2)), a[1]])[0] != digest
+    assert drafts.weights_digest([("v", a[0][1]), a[1]])[0] != digest
+
+
+@dataclass
+class _Req:
+    model_path: str
+
+
+@dataclass
+class _Out:
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+@pytest.fixture
+def plan(monkeypatch):
+    p = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM", num_layers=4,
+                    hidden_size=8, draft_path="/drafts/d", layout_source="explicit")
+    monkeypatch.setenv(checks.PLAN_ENV, p.to_json())
+    runtime.process_plan.cache_clear()
+    drafts.record_load(p.draft_path, str(p.layout))
+    yield p
+    runtime.process_plan.cache_clear()
+
+
+def _stock_select(manager, selector="all"):
+    return [("target", "T"), ("draft", "D0"), ("draft", "D1")]
+
+
+def test_disk_update_reaches_the_target_runner_only(plan, tmp_path):
+    selected = []
+
+    def original(manager, recv_req):  # SGLang's update: select the runners, load each
+        selected.append(drafts.around_select_runners(_stock_select, manager))
+        return _Out(True, "Succeeded to update model weights.")
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    out = drafts.around_update_weights_from_disk(original, object(), _Req(str(tmp_path)))
+    assert selected == [[("target", "T")]]
+    assert out.success and out.message == (
+        "Succeeded to update model weights. eagle3_backend: updated the target only; the EAGLE-3 "
+        "draft /drafts/d was kept (SGLang 0.5.23 would also load the target's checkpoint into the "
+        "draft). Change the draft with POST /eagle3/draft/swap.")
+    # outside the guard (tensor/distributed updates with their own selector) nothing changes
+    assert drafts.around_select_runners(_stock_select, object(), "all") == _stock_select(None)
+
+
+def test_disk_update_failure_says_the_draft_was_not_touched(plan, tmp_path):
+    out = drafts.around_update_weights_from_disk(
+        lambda m, r: _Out(False, "Failed to get weights iterator: boom."), object(), _Req(str(tmp_path)))
+    assert not out.success and out.message == (
+        "Failed to get weights iterator: boom. (eagle3_backend: the EAGLE-3 draft /drafts/d was not touched.)")
+
+
+def test_disk_update_of_a_draft_checkpoint_is_refused_before_loading(plan, tmp_path):
+    pytest.importorskip("sglang")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+
+    def original(manager, recv_req):
+        raise AssertionError("SGLang's update must not run")
+
+    out = drafts.around_update_weights_from_disk(original, object(), _Req(str(tmp_path)))
+    assert not out.success and out.num_paused_requests == 0
+    assert out.message == (
+        f"eagle3_backend: {tmp_path} is an EAGLE-3 draft checkpoint (architectures "
+        f"['LlamaForCausalLMEagle3']); /update_weights_from_disk loads the target's weights and "
+        f"would put it into the target. Nothing was changed. To change the draft, POST "
+        f'/eagle3/draft/swap {{"path": "{tmp_path}"}}.')
+
+
+def test_without_a_plan_the_update_is_sglangs_own(monkeypatch):
+    monkeypatch.delenv(checks.PLAN_ENV, raising=False)
+    runtime.process_plan.cache_clear()
+    try:
+        out = drafts.around_update_weights_from_disk(lambda m, r: _Out(True, "ok"), object(), _Req("/x"))
+    finally:
+        runtime.process_plan.cache_clear()
+    assert out == _Out(True, "ok")
+
+
+def test_acceptance_counts_start_at_the_load(plan):
+    drafts.after_update_spec_metrics(None, object(), 2, 3, num_accept_tokens=7)
+    drafts.after_update_spec_metrics(None, object(), 1, 0, num_accept_tokens=1, num_cap_tokens=0)
+    rec = drafts.active()
+    assert (rec.verify_steps, rec.accepted_tokens, rec.correct_drafts) == (3, 8, 3)
+    drafts.record_load("/drafts/e", "[embed, layer_input:2]")
+    rec = drafts.active()
+    assert (rec.path, rec.verify_steps, rec.accepted_tokens) == ("/drafts/e", 0, 0)
