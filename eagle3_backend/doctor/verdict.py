@@ -114,11 +114,14 @@ def decide(hits: Sequence[object], proposed: Sequence[bool] | None = None) -> De
     """The verdict over every layout's hits (bool tensors, the recorded layout first; a
     candidate's may cover only the first tokens of the recorded one's).
 
-    ``proposed`` marks the layouts named for a reason (the fixed candidates, the search's
-    moves; default: all). The best is the proposed layout with the largest gap over the
-    recorded one, unless another beats it clearly (by the rule of MISMATCH): near-equal
-    neighbours the search only tried do not displace it by chance. Every layout counts
-    for OK: none may be open."""
+    ``proposed`` marks the layouts named for a reason, in the order they were named (the
+    fixed candidates, then the search's moves; default: all). The leader is the proposed
+    layout with the largest gap over the recorded one, unless another beats it clearly
+    (by the rule of MISMATCH): near-equal neighbours the search only tried do not displace
+    it by chance. A MISMATCH names the first proposed layout that is clearly better than
+    the recorded one and that the leader does not clearly beat: of layouts that fit alike,
+    the plainest miswiring, or the search's first stop, not where noise carried it. Every
+    layout counts for OK: none may be open."""
     import torch
 
     proposed = [True] * len(hits) if proposed is None else list(proposed)
@@ -131,6 +134,10 @@ def decide(hits: Sequence[object], proposed: Sequence[bool] | None = None) -> De
     rivals = [i for i in range(1, len(hits)) if not proposed[i] and gap(i) > gap(best)
               and Paired.of(hits[i], hits[best]).clearly_better]
     best = max(rivals, key=lambda i: (gap(i), -i), default=best)
+    if best and paired[best].clearly_better:
+        best = next(i for i in range(1, len(hits)) if (proposed[i] or i == best)
+                    and paired[i].clearly_better
+                    and not Paired.of(hits[best], hits[i]).clearly_better)
     top1 = [float(torch.as_tensor(h, dtype=torch.float32).mean()) if len(h) else 0.0 for h in hits]
     if max(top1) < WEAK_TOP1:
         return Decision(WEAK, best, paired, ())

@@ -20,21 +20,3 @@ def smollm2():
     from eagle3_backend.verify.targets import load_target
 
     return load_target("bundled", "float32", "cpu")
-
-
-@pytest.fixture
-def serve():
-    """Factory: a running SGLang-shaped server on 127.0.0.1 (tests/verify/sglang_peer.py)."""
-    from verify.sglang_peer import start_server
-
-    servers = []
-
-    def start(**kw):
-        srv = start_server(**kw)
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()

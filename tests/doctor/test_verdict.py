@@ -77,7 +77,7 @@ def test_weak_when_every_layout_predicts_poorly():
     assert decide([rec, cand]).verdict == INCONCLUSIVE
 
 
-def test_ok_needs_every_candidate_ruled_out_and_the_best_is_a_proposed_one():
+def test_the_named_layout_is_proposed_first_and_ok_needs_every_candidate_ruled_out():
     n = 1000
     rec = torch.zeros(n, dtype=torch.bool)
     rec[:500] = True
@@ -91,7 +91,10 @@ def test_ok_needs_every_candidate_ruled_out_and_the_best_is_a_proposed_one():
     assert (d.verdict, d.best) == (MISMATCH, 1)
     d = decide([rec, a, near, far], [True, True, False, False])
     assert (d.verdict, d.best) == (MISMATCH, 3)
-    assert decide([rec, a, near], None).best == 2          # all proposed: the largest gap
+    # all proposed: the first one that the leader does not clearly beat
+    assert decide([rec, a, near], None).best == 1
+    assert decide([rec, a, far], None).best == 2
+    assert decide([rec, near, a], None).best == 1           # near first: it is named
     # every proposed layout ruled out, one only tried still open: not OK
     rec, ruled = pair(2000, 40, 30)
     _, open_ = pair(2000, 60, 30)            # +0.015, at most +0.029; clear of 0 but < MARGIN
