@@ -41,7 +41,8 @@ eval-draft: draft
 	$(PY) -m eagle3_backend eval --draft $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench \
 		--limit 8 --max-new-tokens 64 --threads 1 --dtype float32 --output-dir benchmarks/results --name eval-smollm2-draft
 
-# Which hidden states that draft fits (exit 0: its recorded layout; 1: a mismatch, with the fix).
+# Which hidden states that draft fits (exit 0: its recorded layout; 1: a mismatch, with the fix;
+# 4: undecided after --max-prompts, with the command that settles it).
 doctor-draft: draft
 	$(PY) -m eagle3_backend doctor $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench --limit 8 --threads 1
 

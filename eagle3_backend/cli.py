@@ -9,7 +9,7 @@
     eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE [--json]
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
     eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE] [--minutes M]
-    eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE] [--url URL]   (exit 0 fits, 1 mismatch)
+    eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE] [--url URL]   (exit 0 fits, 1 mismatch, 4 undecided)
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     from eagle3_backend.train.cli import add_train_parser
     add_train_parser(sub)
-    from eagle3_backend.doctor import add_doctor_parser
+    from eagle3_backend.doctor.cli import add_doctor_parser
     add_doctor_parser(sub)
     return p
 

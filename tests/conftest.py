@@ -181,17 +181,52 @@ def make_draft_checkpoint(tmp_path):
 
 @pytest.fixture(scope="session")
 def doctor_prompts_file(tmp_path_factory) -> Path:
-    from doctor_draft import write_prompts
+    from doctor.doctor_draft import write_prompts
 
     return write_prompts(tmp_path_factory.mktemp("doctor-prompts") / "prompts.jsonl")
 
 
 @pytest.fixture(scope="session")
 def doctor_draft(tmp_path_factory, doctor_prompts_file) -> Path:
-    """A real EAGLE-3 draft for SmolLM2-135M trained on doctor_draft.TRAINED (see doctor_draft.py)."""
-    from doctor_draft import train
+    """A real EAGLE-3 draft for SmolLM2-135M trained on doctor_draft.TRAINED (see tests/doctor/doctor_draft.py)."""
+    from doctor.doctor_draft import train
 
     return train(tmp_path_factory.mktemp("doctor") / "draft", doctor_prompts_file)
+
+
+@pytest.fixture(scope="session")
+def wide_prompts_file(tmp_path_factory) -> Path:
+    from doctor.doctor_draft import write_wide_prompts
+
+    return write_wide_prompts(tmp_path_factory.mktemp("doctor-wide-prompts") / "prompts.jsonl")
+
+
+@pytest.fixture(scope="session")
+def wide_draft(tmp_path_factory, wide_prompts_file) -> Path:
+    """A draft for SmolLM2-135M trained on doctor_draft.WIDE, not an engine default."""
+    from doctor.doctor_draft import train_wide
+
+    return train_wide(tmp_path_factory.mktemp("doctor-wide") / "draft", wide_prompts_file)
+
+
+@pytest.fixture
+def serve():
+    """Factory: ``serve(spec=True, mode="ok", delay=0.02)`` -> a running SGLang-shaped
+    server on 127.0.0.1 (``.url``, ``.bodies``, ``.max_inflight``; tests/verify/sglang_peer.py),
+    shut down after the test."""
+    from verify.sglang_peer import start_server
+
+    servers = []
+
+    def start(**kw):
+        srv = start_server(**kw)
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from doctor_draft import NEW_TOKENS, PROMPTS, mislabel, with_second_layer
+from doctor.doctor_draft import NEW_TOKENS, PROMPTS, mislabel, with_second_layer
 
 from eagle3_backend.cli import main
 

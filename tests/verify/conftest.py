@@ -67,22 +67,3 @@ def _tiny_draft_model(target_hidden: int, vocab: int, layout: str, *, seed: int 
                       target_hidden_size=target_hidden, layout=layout, dtype=dtype,
                       max_position_embeddings=2048)
     return Eagle3DraftModel.init_random(cfg, seed=seed).eval()
-
-
-@pytest.fixture
-def serve():
-    """Factory: ``serve(spec=True, mode="ok", delay=0.02)`` -> a running SGLang-shaped
-    server on 127.0.0.1 (``.url``, ``.bodies``, ``.max_inflight``); shut down after the test."""
-    from sglang_peer import start_server
-
-    servers = []
-
-    def start(**kw):
-        srv = start_server(**kw)
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()

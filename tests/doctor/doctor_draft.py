@@ -1,6 +1,13 @@
-"""The real trained draft the doctor tests share (session fixtures ``doctor_prompts_file``
-and ``doctor_draft`` in tests/conftest.py): SmolLM2-135M, 12 prompts, 300 steps, about
-a minute on one CPU core, trained once per test session."""
+"""The real trained drafts the doctor tests share (session fixtures in tests/conftest.py),
+SmolLM2-135M, 300 steps each, trained once per test session:
+
+* ``doctor_draft`` on :data:`TRAINED` (the engines' default for 30 layers) over the 12
+  :data:`PROMPTS`, about a minute on one CPU core (tests/cpu/test_cpu_doctor_serve.py);
+* ``wide_draft`` on :data:`WIDE`, a layout no engine defaults to, over the first
+  :data:`WIDE_PROMPTS` short single-turn ShareGPT prompts (``wide_prompts_file``), 48
+  answer tokens each, as many as ``eagle3 doctor`` scores by default: enough prompts
+  for the doctor's default budget, so its tests run it at its default settings.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ PROMPTS = ["What is the capital of France?", "Explain photosynthesis briefly.",
            "What is machine learning?", "Why is the sky blue?", "Suggest a name for a dog.",
            "How do I boil an egg?"]
 NEW_TOKENS = 32
+WIDE = "[layer_input:4, layer_input:11, layer_input:23]"
+WIDE_PROMPTS = 80
 
 
 def write_prompts(path: Path) -> Path:
@@ -23,15 +32,31 @@ def write_prompts(path: Path) -> Path:
     return path
 
 
-def train(out: Path, prompts_file: Path) -> Path:
+def write_wide_prompts(path: Path) -> Path:
+    from eagle3_backend.verify.datasets import read_sharegpt
+
+    texts = [p.messages[0][1] for p in read_sharegpt(limit=400)
+             if len(p.messages) == 1 and 10 < len(p.messages[0][1]) < 300][:WIDE_PROMPTS]
+    assert len(texts) == WIDE_PROMPTS
+    path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in texts), encoding="utf-8")
+    return path
+
+
+def train(out: Path, prompts_file: Path, layout: str = TRAINED, prompts: int = len(PROMPTS),
+          new_tokens: int = NEW_TOKENS, draft_vocab: int = 1024) -> Path:
     from eagle3_backend.cli import main
 
     rc = main(["train", "--target", "bundled", "--dataset", str(prompts_file), "--out", str(out),
-               "--layout", TRAINED, "--num-prompts", str(len(PROMPTS)), "--max-new-tokens",
-               str(NEW_TOKENS), "--steps", "300", "--draft-vocab", "1024", "--batch-tokens", "256",
-               "--heldout-fraction", "0.1", "--dtype", "float32", "--threads", "2", "--no-progress"])
+               "--layout", layout, "--num-prompts", str(prompts), "--max-new-tokens",
+               str(new_tokens), "--steps", "300", "--draft-vocab", str(draft_vocab),
+               "--batch-tokens", "256", "--heldout-fraction", "0.1", "--dtype", "float32",
+               "--threads", "2", "--no-progress"])
     assert rc == 0
     return out
+
+
+def train_wide(out: Path, prompts_file: Path) -> Path:
+    return train(out, prompts_file, WIDE, WIDE_PROMPTS, 48, 2048)
 
 
 def mislabel(src: Path, dst: Path, layout: str = MISLABEL) -> Path:

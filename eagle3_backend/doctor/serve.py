@@ -1,6 +1,6 @@
-"""The serve-side half of ``eagle3 doctor``: does a live server accept what the draft should?
+"""The served-vs-offline check of ``eagle3 doctor --url``: does a live server accept what the draft should?
 
-The layout check (:mod:`eagle3_backend.doctor`) asks whether a checkpoint
+The layout check (:mod:`eagle3_backend.doctor.diagnose`) asks whether a checkpoint
 records the hidden states its draft was trained on. It cannot see the server:
 a launch without this package's plugin, a server pointed at another draft or
 target, an engine version with other id conventions. Each of those serves
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_backend.doctor import MISMATCH, OK, WEAK
+from eagle3_backend.doctor.verdict import MISMATCH, OK, WEAK
 from eagle3_backend.errors import Eagle3Error
 
 MIN_OFFLINE_GAIN = 0.10   # offline acceptance below 1.10: too little to compare a server against
@@ -286,23 +286,3 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
                        server={"draft": server_draft, "target": server_target,
                                "version": info.get("version")},
                        prompts=results, verdict=verdict, message=message, t=t, notes=notes)
-
-
-def format_serve_report(report: ServeReport) -> str:
-    s = report.settings
-    lines = [
-        f"eagle3 doctor --url {report.url}: served vs offline acceptance",
-        f"  server: draft {report.server.get('draft')}, target {report.server.get('target')}, "
-        f"steps {s['speculative_num_steps']}, topk {s['speculative_eagle_topk']}, "
-        f"draft tokens {s['speculative_num_draft_tokens']}",
-        "",
-        f"    {'prompt':<16} offline  served  answers",
-    ]
-    for p in report.prompts:
-        same = "identical" if p.diverge_at is None else f"differ from token {p.diverge_at}"
-        lines.append(f"    {p.id[:16]:<16} {p.offline_acceptance:7.2f} {p.served_acceptance:7.2f}  {same}")
-    lines.append(f"    {'all':<16} {report.offline_acceptance:7.2f} {report.served_acceptance:7.2f}  "
-                 f"{report.identical_answers}/{len(report.prompts)} identical")
-    lines += [f"  note: {n}" for n in report.notes]
-    lines += ["", f"SERVE {report.verdict.upper()}: {report.message}"]
-    return "\n".join(lines)

@@ -10,15 +10,15 @@ import socket
 
 import pytest
 
-from eagle3_backend.doctor import MISMATCH, OK, WEAK
 from eagle3_backend.errors import Eagle3Error
-from eagle3_backend.serve_check import (
+from eagle3_backend.doctor.serve import (
     PromptResult,
     ServeReport,
     judge_serve,
     paired_t,
     server_settings,
 )
+from eagle3_backend.doctor.verdict import MISMATCH, OK, WEAK
 
 URL = "http://127.0.0.1:30000"
 
@@ -113,21 +113,21 @@ def _mtbench(n: int):
     return read_mtbench(limit=n)
 
 
-def test_check_server_refuses_bad_input_before_any_generation(smol_target, serve, tmp_path):
-    from eagle3_backend.serve_check import MIN_PROMPTS, check_server
+def test_check_server_refuses_bad_input_before_any_generation(smollm2, serve, tmp_path):
+    from eagle3_backend.doctor.serve import MIN_PROMPTS, check_server
 
     draft = tmp_path / "never-read"
     with pytest.raises(Eagle3Error, match=rf"^2 of the 2 prompts .* needs at least {MIN_PROMPTS}"):
-        check_server(URL, draft, smol_target, _mtbench(2))
+        check_server(URL, draft, smollm2, _mtbench(2))
     with socket.socket() as s:          # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(Eagle3Error, match=rf"cannot read /server_info from {closed}: .* Is an SGLang server"):
-        check_server(closed, draft, smol_target, _mtbench(MIN_PROMPTS))
+        check_server(closed, draft, smollm2, _mtbench(MIN_PROMPTS))
     srv = serve(spec=False)             # a target-only server: nothing to compare
     with pytest.raises(Eagle3Error, match=r"runs speculative_algorithm=None, not EAGLE3"):
-        check_server(srv.url, draft, smol_target, _mtbench(MIN_PROMPTS))
+        check_server(srv.url, draft, smollm2, _mtbench(MIN_PROMPTS))
     srv = serve()                       # EAGLE3, but /server_info lacks the top-k and draft tokens
     with pytest.raises(Eagle3Error, match=r"reports speculative_eagle_topk=None in /server_info"):
-        check_server(srv.url, draft, smol_target, _mtbench(MIN_PROMPTS))
+        check_server(srv.url, draft, smollm2, _mtbench(MIN_PROMPTS))
     assert srv.bodies == []             # nothing was generated
