@@ -231,7 +231,7 @@ def test_one_id_rule_for_checkpoints_and_the_plugin(arch):
     import itertools
 
     from eagle3_backend.layout import sglang_captures_last
-    from eagle3_backend.serving.capture import ServingPlan
+    from eagle3_backend.plan import ServingPlan
 
     L = 8
     top = L + 1 if sglang_captures_last(arch) else L

@@ -15,7 +15,8 @@ import torch
 
 from eagle3_backend.checkpoint.names import upper_layer
 from eagle3_backend.config import DraftConfig
-from eagle3_backend.errors import Finding
+from eagle3_backend.errors import NOTE, Finding, LayoutError
+from eagle3_backend.layout import Layout
 
 
 def expected_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -162,3 +163,23 @@ def check_vocab_map(config: DraftConfig, d2t: torch.Tensor | None, t2d: torch.Te
             "t2d[i + d2t[i]] true for every draft id",
             "d2t and t2d disagree: rebuild both from the same vocabulary.")
     return problems
+
+
+def stock_sglang_ids(layout: Layout, ids: list[int], arch: str, num_layers: int | None,
+                     where: str) -> list[Finding]:
+    """The eagle_config ids stock SGLang reads must capture the recorded layout (the plugin
+    captures the layout whatever the ids; a strict read refuses them)."""
+    L = num_layers if num_layers is not None else max(ids) + 2
+    try:
+        served = Layout.from_sglang_ids(ids, arch, L)
+    except LayoutError as exc:
+        return [Finding("stock-ids", f"{where}: eagle_config ids {ids} cannot be served by stock "
+                        f"SGLang on", arch, None, str(exc), severity=NOTE)]
+    if served == layout:
+        return []
+    return [Finding(
+        "stock-ids", f"{where}: eagle3_layout is {layout} but eagle_config ids {ids} make",
+        f"stock SGLang capture {served} on {arch} (in layer order)", "them to agree",
+        "The eagle3_backend plugin serves the recorded layout; for stock SGLang rewrite the "
+        "checkpoint with `eagle3 convert SRC DST --to sglang`, which writes matching ids "
+        "(reordering fc columns when needed).", severity=NOTE)]

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from eagle3_backend.checkpoint.checks import check_tensors
+from eagle3_backend.checkpoint.checks import check_tensors, stock_sglang_ids
 from eagle3_backend.checkpoint.config_fields import (
     Fields,
     build_draft_config,
@@ -359,8 +359,6 @@ def load_draft(
         problems += _uses_aux(top, config)
     if strict and explicit is not None and fmt == "sglang" and sglang_ids is not None and arch:
         # served right by the plugin (a note of the check suite), refused on a strict read
-        from eagle3_backend.checkpoint.suite import stock_sglang_ids
-
         problems += stock_sglang_ids(explicit, list(sglang_ids), arch, num_layers, where)
     if problems and strict:
         raise CheckpointError(_join(problems))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from eagle3_backend.checkpoint.checks import stock_sglang_ids
 from eagle3_backend.checkpoint.names import DRAFT_ARCHS, SERVED_DRAFT_ARCHS
 from eagle3_backend.config import DraftConfig
 from eagle3_backend.errors import (
@@ -217,7 +218,7 @@ def _architectures(raw: Mapping[str, Any], ckpt: Path) -> list[Finding]:
 
 def _capture(layout: Layout, target: TargetInfo, where: str) -> list[Finding]:
     """The target's SGLang model file must capture every source (``serving.capture``)."""
-    from eagle3_backend.serving.capture import ServingPlan
+    from eagle3_backend.plan import ServingPlan
 
     arch, L = target.architecture, target.num_hidden_layers
     if any(s.layer > L for s in layout.sources):
@@ -253,26 +254,6 @@ def _notes(loaded: Any, target: TargetInfo, layout: Layout, found: list[Finding]
             "stock-capture", f"{where}: stock SGLang cannot capture layout", layout,
             None, f"Serve it through the eagle3_backend plugin ({exc})", severity=NOTE))
     return out
-
-
-def stock_sglang_ids(layout: Layout, ids: list[int], arch: str, num_layers: int | None,
-                     where: str) -> list[Finding]:
-    """The eagle_config ids stock SGLang reads must capture the recorded layout (the plugin
-    captures the layout whatever the ids; a strict read refuses them)."""
-    L = num_layers if num_layers is not None else max(ids) + 2
-    try:
-        served = Layout.from_sglang_ids(ids, arch, L)
-    except LayoutError as exc:
-        return [Finding("stock-ids", f"{where}: eagle_config ids {ids} cannot be served by stock "
-                        f"SGLang on", arch, None, str(exc), severity=NOTE)]
-    if served == layout:
-        return []
-    return [Finding(
-        "stock-ids", f"{where}: eagle3_layout is {layout} but eagle_config ids {ids} make",
-        f"stock SGLang capture {served} on {arch} (in layer order)", "them to agree",
-        "The eagle3_backend plugin serves the recorded layout; for stock SGLang rewrite the "
-        "checkpoint with `eagle3 convert SRC DST --to sglang`, which writes matching ids "
-        "(reordering fc columns when needed).", severity=NOTE)]
 
 
 # ------------------------------------------------------------------------ launch flags

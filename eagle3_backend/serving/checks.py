@@ -3,7 +3,7 @@
 :func:`check_launch` runs in the launcher (``runtime.after_check_server_args``) after
 SGLang resolved its arguments, before the target's weights (a terabyte for Kimi-K2) are
 read. It asks :mod:`eagle3_backend.checkpoint.suite` (the words ``eagle3 validate``
-prints) and returns the :class:`~eagle3_backend.serving.capture.ServingPlan` the
+prints) and returns the :class:`~eagle3_backend.plan.ServingPlan` the
 schedulers follow, or raises one error stating every problem. It adds the serving side:
 ``EAGLE3_LAYOUT`` for a draft that records no layout (else the engine default, said
 loudly), and fetching a hub-id draft. Nothing here imports SGLang.
@@ -11,6 +11,7 @@ loudly), and fetching a hub-id draft. Nothing here imports SGLang.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -20,7 +21,8 @@ from eagle3_backend.checkpoint import suite
 from eagle3_backend.checkpoint.suite import LaunchArgs
 from eagle3_backend.errors import CheckpointError, LayoutError, LayoutMismatch, ServingError
 from eagle3_backend.layout import Layout
-from eagle3_backend.serving.capture import ServingPlan
+from eagle3_backend.plan import ServingPlan
+from eagle3_backend.serving import hooks
 from eagle3_backend.target import TargetInfo
 
 logger = logging.getLogger(__name__)
@@ -118,3 +120,42 @@ def _local_dir(path: str) -> Path:
             f"not be fetched ({type(exc).__name__}: {exc}); expected an EAGLE-3 checkpoint directory. "
             f"Download it first and pass the directory."
         ) from None
+
+
+# ------------------------------------------------- what a process of this launch reads
+def launch_args(server_args: Any) -> LaunchArgs:
+    """The launch arguments the checks read, from SGLang's resolved view of ``server_args``."""
+    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
+    return LaunchArgs(
+        algorithm=cfg.speculative_algorithm,
+        draft_path=cfg.speculative_draft_model_path,
+        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
+        two_batch_overlap=bool(getattr(cfg, "enable_two_batch_overlap", False)),
+        num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
+        topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
+        num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
+    )
+
+
+def target_of(server_args: Any):
+    """The served target as SGLang sees it (hub ids and overrides included)."""
+    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
+    return _target_info(server_args, cfg)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _target_info(server_args: Any, cfg: Any):
+    from eagle3_backend.target import TargetInfo
+
+    model_config = hooks.use("sglang.srt.arg_groups.model_override_base.model_config_of")(server_args)
+    return TargetInfo.from_hf_dict(model_config.hf_config.to_dict(), source=str(cfg.model_path))
+
+
+@functools.cache
+def process_plan() -> ServingPlan | None:
+    """The plan the launcher checked, in a process of an EAGLE-3 launch (else None)."""
+    text = os.environ.get(PLAN_ENV)
+    return ServingPlan.from_json(text) if text else None

@@ -4,7 +4,7 @@ The target model files build an ``AuxHiddenStateList()`` (llama, qwen, glm4_moe,
 gpt-oss, qwen3_moe) or an ``AuxHiddenStatePacker(K)`` (deepseek_v2: Kimi-K2,
 DeepSeek-V3) in every forward and hand each captured state to it in layer
 order. This module's subclasses replace both classes (REPLACE hooks, see
-``hooks.py``). While a :class:`~eagle3_backend.serving.capture.ServingPlan` is
+``hooks.py``). While a :class:`~eagle3_backend.plan.ServingPlan` is
 active in the process (set when the target's capture is configured), they
 write each capture straight into its *layout* slot of one [T, K*H] buffer
 (``capture_into``: one copy, no concat); with no active plan they are the
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from eagle3_backend.serving import hooks
-from eagle3_backend.serving.capture import Collector, ServingPlan
+from eagle3_backend.plan import Collector, ServingPlan
 
 logger = logging.getLogger(__name__)
 

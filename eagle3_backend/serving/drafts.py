@@ -285,7 +285,7 @@ def disk_note(draft_path: str) -> str:
 def around_update_weights_from_disk(original: Callable[..., Any], manager: Any, recv_req: Any,
                                     *args: Any, **kwargs: Any) -> Any:
     """AROUND SchedulerWeightUpdaterManager.update_weights_from_disk: the target only."""
-    from eagle3_backend.serving.runtime import process_plan
+    from eagle3_backend.serving.checks import process_plan
 
     plan = process_plan()
     if plan is None:
@@ -484,10 +484,9 @@ class _Admin:
         return v.status, v.body
 
     def _judge(self, path: str) -> SwapVerdict:
-        from eagle3_backend.serving import runtime
 
-        current = runtime.process_plan()
-        launch, target = runtime.launch_args(self.server_args), runtime.target_of(self.server_args)
+        current = checks.process_plan()
+        launch, target = checks.launch_args(self.server_args), checks.target_of(self.server_args)
         return judge_swap(current, launch, target, path, self.argv)
 
 

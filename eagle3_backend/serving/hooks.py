@@ -40,7 +40,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from eagle3_backend.serving.capture import ARCHS
+from eagle3_backend.plan import ARCHS
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from typing import Any, Callable
 from eagle3_backend.errors import CheckpointError, Eagle3Error, ServingError
 from eagle3_backend.checkpoint import suite
 from eagle3_backend.serving import checks, collect, drafts, hooks
-from eagle3_backend.serving.capture import ServingPlan, arch_capture
+from eagle3_backend.serving.checks import launch_args, process_plan, target_of
+from eagle3_backend.plan import ServingPlan, arch_capture
 
 logger = logging.getLogger(__name__)
 
@@ -57,45 +58,7 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
     return None
 
 
-def launch_args(server_args: Any) -> checks.LaunchArgs:
-    """The launch arguments the checks read, from SGLang's resolved view of ``server_args``."""
-    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
-    return checks.LaunchArgs(
-        algorithm=cfg.speculative_algorithm,
-        draft_path=cfg.speculative_draft_model_path,
-        pp_size=int(getattr(cfg, "pp_size", 1) or 1),
-        two_batch_overlap=bool(getattr(cfg, "enable_two_batch_overlap", False)),
-        num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
-        topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
-        num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
-    )
-
-
-def target_of(server_args: Any):
-    """The served target as SGLang sees it (hub ids and overrides included)."""
-    cfg = hooks.use("sglang.srt.arg_groups.model_override_base.resolving_view")(server_args)
-    return _target_info(server_args, cfg)
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _target_info(server_args: Any, cfg: Any):
-    from eagle3_backend.target import TargetInfo
-
-    model_config = hooks.use("sglang.srt.arg_groups.model_override_base.model_config_of")(server_args)
-    return TargetInfo.from_hf_dict(model_config.hf_config.to_dict(), source=str(cfg.model_path))
-
-
 # ---------------------------------------------------------------------------- scheduler
-@functools.cache
-def process_plan() -> ServingPlan | None:
-    """The plan the launcher checked, in a process of an EAGLE-3 launch (else None)."""
-    text = os.environ.get(checks.PLAN_ENV)
-    return ServingPlan.from_json(text) if text else None
-
-
 def _require_plan() -> ServingPlan:
     spec = hooks.use("sglang.srt.runtime_context.get_spec")()
     plan = process_plan()

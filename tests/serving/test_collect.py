@@ -12,7 +12,7 @@ import torch
 from eagle3_backend.errors import LayoutMismatch
 from eagle3_backend.layout import Layout
 from eagle3_backend.serving import collect, runtime
-from eagle3_backend.serving.capture import Collector, ServingPlan, pack_reference
+from eagle3_backend.plan import Collector, ServingPlan, pack_reference
 from eagle3_backend.serving.selfcheck import EmbeddingShard, self_check
 
 H = 16

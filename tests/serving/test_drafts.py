@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eagle3_backend.serving import checks, drafts, runtime
-from eagle3_backend.serving.capture import ServingPlan
+from eagle3_backend.plan import ServingPlan
 
 LAUNCH = "/venv/lib/python3.11/site-packages/sglang/launch_server.py"
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_backend.serving import capture, hooks
+from eagle3_backend import plan as capture
+from eagle3_backend.serving import hooks
 
 SERVING = Path(hooks.__file__).parent
 
@@ -174,7 +175,7 @@ def test_cpu_groups_get_no_pynccl_unless_asked():
 
 def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     from eagle3_backend.serving import checks, plugin, runtime
-    from eagle3_backend.serving.capture import ServingPlan
+    from eagle3_backend.plan import ServingPlan
 
     calls: list[tuple[str, str]] = []
     real = hooks._resolve
@@ -219,7 +220,7 @@ def _child_process(monkeypatch):
 def _in_eagle3_scheduler(monkeypatch) -> None:
     """This process as a scheduler of a checked EAGLE-3 launch (not on the CPU engine)."""
     from eagle3_backend.serving import checks
-    from eagle3_backend.serving.capture import ServingPlan
+    from eagle3_backend.plan import ServingPlan
 
     _child_process(monkeypatch)
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)

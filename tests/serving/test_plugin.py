@@ -83,7 +83,7 @@ def test_load_plugins_applies_the_table_in_an_eagle3_process(plugin_site):
     """A scheduler of an EAGLE-3 launch ($EAGLE3_SERVING_PLAN set by the launcher's checks)."""
     pytest.importorskip("sglang")
     from eagle3_backend.serving import checks, hooks
-    from eagle3_backend.serving.capture import ServingPlan
+    from eagle3_backend.plan import ServingPlan
 
     plan = ServingPlan(layout="[embed, layer_input:2]", architecture="LlamaForCausalLM",
                        num_layers=4, hidden_size=8, draft_path="d", layout_source="explicit")

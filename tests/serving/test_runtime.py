@@ -12,7 +12,7 @@ import torch
 
 from eagle3_backend.errors import CheckpointError, ServingError
 from eagle3_backend.serving import checks, collect, hooks, runtime
-from eagle3_backend.serving.capture import ServingPlan
+from eagle3_backend.plan import ServingPlan
 
 pytestmark = pytest.mark.sglang
 

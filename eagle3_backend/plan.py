@@ -1,4 +1,4 @@
-"""Layout-exact capture: which target states SGLang captures, and where each one goes.
+"""The serving plan: which target states SGLang captures for a draft, and where each one goes.
 
 A draft reads its fc input in *layout* order (``[embed, layer_input:3,
 layer_input:31]``). SGLang 0.5.23's target model files capture in *layer* order
@@ -16,7 +16,8 @@ module owns the translation for one served pair, the :class:`ServingPlan`:
   are written straight into their layout position of one [T, K*H] buffer
   (:class:`Collector`, via ``eagle3_backend.ops`` ``capture_into``).
 
-Nothing here imports SGLang: the SGLang-facing classes are in ``collect.py``.
+Nothing here imports SGLang: the SGLang-facing classes are in ``serving/collect.py``, and the
+check suite (``checkpoint/suite.py``) asks the plan whether a layout can be captured.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class ArchCapture:
 
 
 #: Target architectures whose capture this plugin has verified against the model
-#: files (tests/serving/test_capture.py runs each file's own id translation).
+#: files (tests/test_plan.py runs each file's own id translation).
 ARCHS: dict[str, ArchCapture] = {
     a.architecture: a
     for a in (

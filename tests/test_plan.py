@@ -10,7 +10,7 @@ import pytest
 
 from eagle3_backend.errors import LayoutError, ServingError
 from eagle3_backend.layout import Layout
-from eagle3_backend.serving.capture import ARCHS, ServingPlan
+from eagle3_backend.plan import ARCHS, ServingPlan
 
 KIMI = dict(architecture="DeepseekV3ForCausalLM", num_layers=61, hidden_size=7168)
 
