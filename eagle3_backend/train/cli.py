@@ -367,7 +367,8 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.minutes is not None and not args.minutes > 0:
         raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
     torch.set_num_threads(args.threads)
-    epochs = args.epochs or (20.0 if args.minutes else 3.0)
+    # with --checkpoint-dir the schedule never depends on the budget (a sitting may differ)
+    epochs = args.epochs or (20.0 if args.minutes and not args.checkpoint_dir else 3.0)
     settings = TrainSettings(ttt_steps=args.ttt_steps, steps=args.steps, epochs=epochs,
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)

@@ -375,7 +375,7 @@ class TeacherCache:
 
 def draft_vocab_counts(tokenizer: Any, convs: Sequence[Conversation], vocab_size: int,
                        max_tokens: int, heldout_fraction: float,
-                       count_tokens: int = 4_000_000) -> tuple[torch.Tensor, torch.Tensor]:
+                       count_tokens: int = 1_500_000) -> tuple[torch.Tensor, torch.Tensor]:
     """(assistant-token counts, all-token counts) over the training (not held-out)
     conversations, in order, until ``count_tokens`` tokens are counted."""
     asst = torch.zeros(vocab_size, dtype=torch.long)

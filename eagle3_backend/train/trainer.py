@@ -561,7 +561,7 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
 
     def check_heldout() -> None:
         nonlocal best
-        if not held_batches:
+        if not held_batches or (held_curve and held_curve[-1]["step"] == step):
             return
         st = evaluate_top1(model, held_batches, vocab, head, S)
         score = expected_acceptance_length(st.top1()) or 0.0
