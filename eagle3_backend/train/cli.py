@@ -75,7 +75,27 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="prompts whose text (tokenized only) ranks the draft vocabulary after "
                         "the answer tokens (default 4000)")
     g.add_argument("--cache-data", default=None, metavar="DIR",
-                   help="reuse / store the generated data under DIR/data-<settings hash>")
+                   help="reuse / store the generated data under DIR/data-<settings hash> (and "
+                        "the teacher-forced data under DIR/teacher unless --teacher-cache)")
+    g.add_argument("--source", default="generated", choices=("generated", "teacher", "mix"),
+                   help="generated: the target's own greedy answers to --num-prompts prompts; "
+                        "teacher: one teacher-forced pass of the target over whole recorded "
+                        "chats (--teacher-tokens); mix: both (default generated)")
+    g.add_argument("--teacher-tokens", type=int, default=200_000, metavar="N",
+                   help="tokens of teacher-forced conversations to train on, held-out ones "
+                        "included (whole cache shards; the cache grows to this; default 200000)")
+    g.add_argument("--teacher-cache", default=None, metavar="DIR",
+                   help="sharded teacher-forced data set, created, extended and reused; "
+                        "refused when written for another target, layout or vocabulary")
+    g.add_argument("--max-seq-tokens", type=int, default=512, metavar="L",
+                   help="teacher-forced conversations are cut to L tokens (default 512)")
+    g.add_argument("--topk", type=int, default=8, metavar="K",
+                   help="teacher probabilities kept per position over the draft vocabulary "
+                        "(default 8)")
+    g.add_argument("--teacher-batch-tokens", type=int, default=2048, metavar="N",
+                   help="padded tokens per teacher-forced prefill (default 2048)")
+    g.add_argument("--teacher-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the target's dtype in the teacher-forced pass (default float32)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=None, metavar="S",
                    help="optimizer steps (default: --epochs passes over the data)")
@@ -91,10 +111,19 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default 2e-3)")
     g.add_argument("--heldout-fraction", type=float, default=0.05,
                    help="share of answers held out for the top-1 report (default 0.05)")
+    g.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="resumable training: the whole training state is saved here every "
+                        "--checkpoint-every steps and when --minutes runs out; the same "
+                        "command run again continues from it (exit 3 while unfinished)")
+    g.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                   help="steps between checkpoints (default 100)")
+    g.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="held-out top-1 every N steps as well as after every epoch")
     p.add_argument("--minutes", type=float, default=None, metavar="M",
                    help=f"wall-clock budget for the whole run: generation stops at "
                         f"{round(DATA_SHARE * 100)}%% of it, training before its end "
-                        "(default: none)")
+                        "(default: none); with --checkpoint-dir the schedule stays fixed and the "
+                        "run stops, resumable, when the budget is spent")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
                    help="dtype of the written weights (training runs in float32; default bfloat16)")
     p.add_argument("--seed", type=int, default=0)
@@ -184,6 +213,72 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
     return data, info
 
 
+class Unfinished(Exception):
+    """The --minutes budget ran out in a resumable run; the message says where it stopped."""
+
+
+def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
+                  deadline: float | None, progress: bool) -> tuple[list[Any], Any, Any, dict[str, Any]]:
+    """(teacher-forced sequences, draft vocab target ids, target embedding, report info)."""
+    import torch
+
+    from eagle3_backend.train import teacher as tf
+    from eagle3_backend.train.vocab import build_vocab_map
+    from eagle3_backend.verify.targets import load_target
+
+    cache_dir = (Path(args.teacher_cache) if args.teacher_cache else
+                 Path(args.cache_data) / "teacher" if args.cache_data else None)
+    if cache_dir is None:
+        raise Eagle3Error("--source teacher/mix writes a sharded data set: pass --teacher-cache "
+                          "DIR (or --cache-data DIR, which puts it in DIR/teacher).")
+    convs, counts = tf.load_conversations(args.dataset, args.seed)
+    t0 = time.perf_counter()
+    target = load_target(target_path, args.teacher_dtype, "cpu", allow_pickle=args.allow_pickle,
+                         progress=not args.no_progress)
+    load_s = time.perf_counter() - t0
+    ds = args.dataset if args.dataset.strip().lower() == "sharegpt" else \
+        {"file": str(Path(args.dataset).resolve()), "size": Path(args.dataset).stat().st_size}
+    identity = {"target": tf.target_identity(target_path),
+                "tokenizer": tf.tokenizer_identity(target.tokenizer),
+                "layout": layout.to_strings(), "draft_vocab": args.draft_vocab,
+                "topk": args.topk, "max_seq_tokens": args.max_seq_tokens,
+                "store_dtype": "bfloat16", "teacher_dtype": args.teacher_dtype, "dataset": ds,
+                "order_seed": args.seed, "heldout_fraction": args.heldout_fraction}
+    cache = tf.TeacherCache(cache_dir, identity)
+    encode = lambda c: tf.encode_conversation(target.tokenizer, c, args.max_seq_tokens)  # noqa: E731
+    if not cache.shards and not (cache.dir / "target.safetensors").is_file():
+        # a new cache: the draft vocabulary from the training conversations' assistant tokens
+        asst, every = tf.draft_vocab_counts(target.tokenizer, convs, target.vocab_size,
+                                            args.max_seq_tokens, args.heldout_fraction)
+        vocab = build_vocab_map(asst, min(args.draft_vocab, target.vocab_size), every)
+        embed = target.model.get_input_embeddings().weight.detach().float().cpu()
+        cache.write_vocab(vocab.target_ids, embed)
+    draft_ids, embed = cache.read_target()
+    t1 = time.perf_counter()
+    complete = tf.fill_cache(cache, target, convs, encode, layout, draft_ids, k=args.topk,
+                             store_dtype="bfloat16", want_tokens=args.teacher_tokens,
+                             batch_tokens=args.teacher_batch_tokens, deadline=deadline,
+                             progress=progress)
+    pass_s = time.perf_counter() - t1
+    if not complete and args.checkpoint_dir:
+        raise Unfinished(f"the teacher-forced data pass stopped at the --minutes budget with "
+                         f"{cache.tokens:,} of {args.teacher_tokens:,} tokens in {cache.dir}")
+    seqs = cache.sequences(args.teacher_tokens)
+    if not seqs:
+        raise Eagle3Error(f"teacher cache {cache.dir} holds no conversations yet; raise "
+                          "--minutes so the data pass can write a shard.")
+    info = {"cache_dir": str(cache.dir), "shards": len(cache.shards),
+            "cache_tokens": cache.tokens, "tokens_used": sum(int(s.tokens.shape[0]) for s in seqs),
+            "conversations_used": len(seqs), "conversations_available": len(convs),
+            **{f"dataset_{k}": v for k, v in counts.items()},
+            "target_load_seconds": round(load_s, 2), "pass_seconds_this_run": round(pass_s, 2),
+            "prefill_tokens_per_second": round(
+                sum(sh["tokens"] for sh in cache.shards) /
+                max(1e-9, sum(sh["seconds"] for sh in cache.shards)), 1)}
+    del target
+    return seqs, draft_ids, embed, info
+
+
 def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str) -> Any:
     """One Llama decoder layer shaped like the target's (attention, MLP, rotary, context).
 
@@ -230,6 +325,18 @@ def _round(xs: Any) -> Any:
 
 # --------------------------------------------------------------------------- command
 def run_train(args: argparse.Namespace) -> int:
+    """``eagle3 train``; exit 3 when a resumable run (--checkpoint-dir) ran out of --minutes."""
+    try:
+        return _run_train(args)
+    except Unfinished as exc:
+        import sys
+
+        print(f"eagle3 train: unfinished: {exc}. Run the same command again to continue.",
+              file=sys.stderr)
+        return 3
+
+
+def _run_train(args: argparse.Namespace) -> int:
     import torch
 
     from eagle3_backend.checkpoint import LoadedDraft, load_draft, save_sglang
@@ -253,13 +360,15 @@ def run_train(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
-                 "vocab_prompts", "draft_vocab"):
+                 "vocab_prompts", "draft_vocab", "teacher_tokens", "max_seq_tokens", "topk",
+                 "teacher_batch_tokens", "checkpoint_every"):
         if getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.minutes is not None and not args.minutes > 0:
         raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
     torch.set_num_threads(args.threads)
-    epochs = args.epochs or (20.0 if args.minutes else 3.0)
+    # with --checkpoint-dir the schedule never depends on the budget (a sitting may differ)
+    epochs = args.epochs or (20.0 if args.minutes and not args.checkpoint_dir else 3.0)
     settings = TrainSettings(ttt_steps=args.ttt_steps, steps=args.steps, epochs=epochs,
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)
@@ -269,7 +378,8 @@ def run_train(args: argparse.Namespace) -> int:
                    else Path(args.target))
     # before any work: the checkpoint could not be written there at the end (not empty
     # without --force, other files in it, the target or the data cache in it)
-    check_destination(out, args.force, [target_path, args.cache_data])
+    check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,
+                                        args.checkpoint_dir])
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,
@@ -279,17 +389,66 @@ def run_train(args: argparse.Namespace) -> int:
     data_deadline = t_start + DATA_SHARE * budget if budget else None
     train_deadline = t_start + (1 - RESERVE_SHARE) * budget if budget else None
 
-    data, data_info = _get_data(args, target_path, layout, data_deadline, progress)
+    resumable = bool(args.checkpoint_dir)
+    train_seqs: list[Any] = []
+    held_seqs: list[Any] = []
+    data = data_info = None
+    embed = lm_head = None
+    teacher_info = None
+    vocab = None
+    counts = held_counts = None
+    if args.source in ("generated", "mix"):
+        gen_deadline = None if resumable else data_deadline
+        data, data_info = _get_data(args, target_path, layout, gen_deadline, progress)
+        train_seqs, held_seqs = split_heldout(data.sequences, settings.heldout_fraction, args.seed)
+        embed, lm_head = data.embed, data.lm_head
+        counts = token_counts([s.tokens[s.prompt_len:] for s in train_seqs], data.vocab_size)
+        vocab = build_vocab_map(counts, min(args.draft_vocab, data.vocab_size), data.prior_counts)
+        held_counts = token_counts([s.tokens[s.prompt_len:] for s in held_seqs], data.vocab_size)
+    if args.source in ("teacher", "mix"):
+        from eagle3_backend.train.teacher import heldout_conversation
+        from eagle3_backend.train.trainer import to_topk
+        from eagle3_backend.train.vocab import VocabMap
+
+        seqs, draft_ids, embed, teacher_info = _teacher_data(
+            args, target_path, layout, data_deadline if not resumable else train_deadline,
+            progress)
+        vocab = VocabMap(draft_ids, int(embed.shape[0]))
+        if train_seqs or held_seqs:          # mix: the answers get top-k teachers too
+            head = lm_head[vocab.target_ids].float()
+            train_seqs, held_seqs = to_topk(train_seqs, head, args.topk), to_topk(held_seqs, head, args.topk)
+        for s in seqs:
+            (held_seqs if heldout_conversation(s.id, settings.heldout_fraction)
+             else train_seqs).append(s)
+        V = int(embed.shape[0])
+        counts = token_counts([s.tokens[s.assistant_mask()] for s in train_seqs], V)
+        held_counts = token_counts([s.tokens[s.assistant_mask()] for s in held_seqs], V)
+        if data is None:
+            from eagle3_backend.train.data import TrainingData
+
+            data = TrainingData(layout=layout, sequences=[], embed=embed, lm_head=None,
+                                final_norm=None, meta={})
+            data_info = {"source": "teacher"}
+        else:
+            data_info = {**data_info, "source": "mix"}
     t_data = time.perf_counter()
-    train_seqs, held_seqs = split_heldout(data.sequences, settings.heldout_fraction, args.seed)
-    counts = token_counts([s.tokens[s.prompt_len:] for s in train_seqs], data.vocab_size)
-    vocab = build_vocab_map(counts, min(args.draft_vocab, data.vocab_size), data.prior_counts)
-    held_counts = token_counts([s.tokens[s.prompt_len:] for s in held_seqs], data.vocab_size)
     cfg = _draft_config(target_info, layout, vocab.size, args.dtype)
     torch.manual_seed(args.seed)
     model = build_draft(cfg, data, vocab, seed=args.seed)
-    result = train_draft(model, train_seqs, held_seqs, vocab, data.lm_head, settings,
-                         deadline=train_deadline, progress=progress)
+    import hashlib
+
+    identity = {"layout": layout.to_strings(), "draft_vocab": vocab.target_ids.tolist(),
+                "data": hashlib.sha256(json.dumps(
+                    [[s.id, int(s.tokens.shape[0])] for s in train_seqs + held_seqs]
+                ).encode()).hexdigest(), "dtype": args.dtype}
+    result = train_draft(model, train_seqs, held_seqs, vocab, lm_head, settings,
+                         deadline=train_deadline, progress=progress,
+                         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                         eval_every=args.eval_every, identity=identity)
+    if not result.finished:
+        raise Unfinished(f"training stopped at the --minutes budget at step "
+                         f"{result.steps_done} of {settings.steps or 'the planned'} "
+                         f"(checkpoint in {args.checkpoint_dir})")
     t_train = time.perf_counter()
 
     state = dict(iter_state(result.model, cfg.torch_dtype))
@@ -307,8 +466,8 @@ def run_train(args: argparse.Namespace) -> int:
     reread = Eagle3DraftModel(dataclasses.replace(written.config, dtype="float32"))
     reread.load_state_dict({k: v.float() if v.is_floating_point() else v
                             for k, v in written.state_dict.items()}, strict=True)
-    reread.set_target_embedding(data.embed)
-    head = data.lm_head[vocab.target_ids].float()
+    reread.set_target_embedding(embed)
+    head = lm_head[vocab.target_ids].float() if lm_head is not None else None
     held_written = reorder_layout(held_seqs, layout, written.config.layout)
     held_batches = make_batches(held_written, settings.batch_tokens, settings.ttt_steps)
     held_saved = (evaluate_top1(reread, held_batches, vocab, head, settings.ttt_steps)
@@ -323,8 +482,10 @@ def run_train(args: argparse.Namespace) -> int:
         "layout": layout.to_strings(),
         "dataset": args.dataset,
         "data": {**data_info, **{k: v for k, v in data.meta.items() if k != "ids"},
-                 "sequences": len(data.sequences), "answer_tokens": data.num_answer_tokens,
-                 "total_tokens": data.num_tokens},
+                 "sequences": len(train_seqs) + len(held_seqs),
+                 "answer_tokens": sum(s.answer_len for s in train_seqs + held_seqs),
+                 "total_tokens": sum(int(s.tokens.shape[0]) for s in train_seqs + held_seqs),
+                 **({"teacher": teacher_info} if teacher_info else {})},
         "draft_vocab": {"size": vocab.size, "train_coverage": round(vocab.coverage(counts), 4),
                         "heldout_coverage": round(vocab.coverage(held_counts), 4)},
         "training": {**{k: _round(v) for k, v in summary.items()},

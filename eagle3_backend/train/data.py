@@ -56,32 +56,63 @@ _STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16"
 
 @dataclass(frozen=True, slots=True)
 class DataSequence:
-    """One prompt + the target's greedy answer.
+    """One prompt + the target's greedy answer, or one teacher-forced conversation.
 
     ``tokens`` [L] int64 (prompt then answer); ``prompt_len`` n >= 1;
     ``aux`` [L-1, K*H] and ``final`` [L-1, H]: states of positions 0..L-2.
+
+    Teacher-forced conversations (:mod:`eagle3_backend.train.teacher`) carry instead of
+    ``final``: ``labels`` [L-1] (the target's argmax at each position, which need not be
+    the next token), ``topk_idx`` / ``topk_p`` [L-1, k] (the target's distribution over
+    the draft vocabulary, top k: draft ids and probabilities) and ``assistant`` [L] bool
+    (which tokens are assistant text; ``prompt_len`` is then the first of them).
+    Without ``labels`` the labels are ``tokens[1:]``; without ``assistant`` the
+    assistant tokens are those from ``prompt_len`` on.
     """
 
     id: str
     tokens: torch.Tensor
     prompt_len: int
     aux: torch.Tensor
-    final: torch.Tensor
+    final: torch.Tensor | None
+    labels: torch.Tensor | None = None
+    assistant: torch.Tensor | None = None
+    topk_idx: torch.Tensor | None = None
+    topk_p: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         L = self.tokens.shape[0]
         if not 1 <= self.prompt_len < L:
             raise Eagle3Error(f"sequence {self.id}: prompt_len {self.prompt_len} must be in "
                               f"[1, {L - 1}] for {L} tokens (at least one answer token).")
-        if self.aux.shape[0] != L - 1 or self.final.shape[0] != L - 1:
+        if self.final is None and self.topk_idx is None:
+            raise Eagle3Error(f"sequence {self.id}: neither final states nor top-k teacher "
+                              "probabilities; one of them is the teacher.")
+        rows = [t for t in (self.aux, self.final, self.labels, self.topk_idx, self.topk_p)
+                if t is not None]
+        if any(t.shape[0] != L - 1 for t in rows):
             raise Eagle3Error(
-                f"sequence {self.id}: {L} tokens need states for {L - 1} positions, got aux "
-                f"{list(self.aux.shape)} and final {list(self.final.shape)}."
+                f"sequence {self.id}: {L} tokens need states for {L - 1} positions, got "
+                f"{[list(t.shape) for t in rows]}."
             )
 
     @property
     def answer_len(self) -> int:
+        if self.assistant is not None:
+            return int(self.assistant.sum())
         return self.tokens.shape[0] - self.prompt_len
+
+    def label_ids(self) -> torch.Tensor:
+        """[L-1] the target's choice after each position."""
+        return self.labels if self.labels is not None else self.tokens[1:]
+
+    def assistant_mask(self) -> torch.Tensor:
+        """[L] bool: assistant tokens."""
+        if self.assistant is not None:
+            return self.assistant.bool()
+        m = torch.zeros(self.tokens.shape[0], dtype=torch.bool)
+        m[self.prompt_len:] = True
+        return m
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ __all__ = [
     "split_heldout",
     "train_draft",
     "ttt_forward",
+    "to_topk",
     "ttt_loss",
 ]
 
@@ -150,15 +151,21 @@ def ttt_mask(T: int, step: int, device: torch.device | str = "cpu") -> torch.Ten
 class Batch:
     """Right-padded sequences. T = rows (positions with states), S = TTT steps.
 
-    tokens [B, T+S+1] (x_0 ..), aux [B, T, K*H], final [B, T+S, H] (zero-padded),
-    lengths [B] (tokens per sequence), prompt_lens [B].
+    tokens [B, T+S+1] (x_0 ..), aux [B, T, K*H], lengths [B] (tokens per sequence),
+    prompt_lens [B], labels [B, T+S] (the target's choice after each position, -1 past
+    the end), assistant [B, T+S+1] bool (assistant tokens). The teacher: final
+    [B, T+S, H] (zero-padded) or topk_idx / topk_p [B, T+S, k] (draft ids, probabilities).
     """
 
     tokens: torch.Tensor
     aux: torch.Tensor
-    final: torch.Tensor
+    final: torch.Tensor | None
     lengths: torch.Tensor
     prompt_lens: torch.Tensor
+    labels: torch.Tensor | None = None
+    assistant: torch.Tensor | None = None
+    topk_idx: torch.Tensor | None = None
+    topk_p: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -168,18 +175,60 @@ class Batch:
 def collate(seqs: Sequence[DataSequence], ttt_steps: int) -> Batch:
     T = max(s.aux.shape[0] for s in seqs)
     B, S = len(seqs), ttt_steps
-    KH, H = seqs[0].aux.shape[1], seqs[0].final.shape[1]
+    KH = seqs[0].aux.shape[1]
+    use_final = all(s.final is not None for s in seqs)
+    if not use_final and any(s.topk_idx is None for s in seqs):
+        raise Eagle3Error("a batch mixes sequences with final states and sequences with "
+                          "top-k teachers only; convert them to top-k first (to_topk).")
     tokens = torch.zeros(B, T + S + 1, dtype=torch.long)
     aux = torch.zeros(B, T, KH)
-    final = torch.zeros(B, T + S, H)
+    labels = torch.full((B, T + S), -1, dtype=torch.long)
+    assistant = torch.zeros(B, T + S + 1, dtype=torch.bool)
+    final = topk_idx = topk_p = None
+    if use_final:
+        final = torch.zeros(B, T + S, seqs[0].final.shape[1])
+    else:
+        k = seqs[0].topk_idx.shape[1]
+        topk_idx = torch.zeros(B, T + S, k, dtype=torch.long)
+        topk_p = torch.zeros(B, T + S, k)
     for b, s in enumerate(seqs):
         L = s.tokens.shape[0]
         tokens[b, :L] = s.tokens
         aux[b, :L - 1] = s.aux.float()
-        final[b, :L - 1] = s.final.float()
+        labels[b, :L - 1] = s.label_ids()
+        assistant[b, :L] = s.assistant_mask()
+        if final is not None:
+            final[b, :L - 1] = s.final.float()
+        else:
+            topk_idx[b, :L - 1] = s.topk_idx.long()
+            topk_p[b, :L - 1] = s.topk_p.float()
     return Batch(tokens, aux, final,
                  torch.tensor([s.tokens.shape[0] for s in seqs]),
-                 torch.tensor([s.prompt_len for s in seqs]))
+                 torch.tensor([s.prompt_len for s in seqs]),
+                 labels, assistant, topk_idx, topk_p)
+
+
+def to_topk(seqs: Sequence[DataSequence], head: torch.Tensor, k: int,
+            chunk: int = 4096) -> list[DataSequence]:
+    """Sequences whose teacher is ``final`` states turned into top-``k`` teachers over the
+    draft vocabulary (``head`` [Vd, H]: the target lm_head rows of the draft vocabulary),
+    as the teacher-forced data stores them (probabilities of the full draft-vocabulary
+    softmax, fp16), so both kinds of data can share batches."""
+    out = []
+    for s in seqs:
+        if s.final is None:
+            out.append(s)
+            continue
+        idx, prob = [], []
+        for i in range(0, s.final.shape[0], chunk):
+            p = torch.softmax(s.final[i:i + chunk].float() @ head.T, dim=-1)
+            v, ix = p.topk(k, dim=-1)
+            idx.append(ix.to(torch.int32))
+            prob.append(v.to(torch.float16))
+        out.append(dataclasses.replace(s, final=None, labels=s.label_ids(),
+                                       assistant=s.assistant_mask(),
+                                       topk_idx=torch.cat(idx), topk_p=torch.cat(prob)))
+    return out
 
 
 def make_batches(seqs: Sequence[DataSequence], batch_tokens: int, ttt_steps: int,
@@ -297,30 +346,39 @@ def ttt_loss(model: Eagle3DraftModel, batch: Batch, vocab: VocabMap, head: torch
     """
     B, T = batch.aux.shape[:2]
     device = batch.aux.device
-    rows = torch.arange(T, device=device)[None]                         # [1, T]
-    answer = rows >= (batch.prompt_lens[:, None] - 1)                   # [B, T]
-    last = batch.lengths[:, None] - 2                                   # last position with states
+    if batch.labels is None or batch.assistant is None:
+        raise Eagle3Error("batch without labels / assistant mask: build it with collate().")
+    fed_answer = batch.assistant[:, 1:1 + T]                            # [B, T] x_{i+1} assistant
     t2d, target_ids = vocab.t2d.to(device), vocab.target_ids.to(device)
     draft_head = model.head_weight
     total = batch.aux.new_zeros(())
     stats = StepStats.zeros(ttt_steps)
     for j, normed in enumerate(ttt_forward(model, batch.tokens, batch.aux, ttt_steps)):
-        target_tok = batch.tokens[:, 2 + j: 2 + j + T]                  # [B, T] x_{i+2+j}
-        known = rows + 1 + j <= last                                    # [B, T]
+        target_tok = batch.labels[:, 1 + j: 1 + j + T]                  # [B, T] choice at i+1+j
+        known = target_tok >= 0                                         # [B, T]
+        answer = fed_answer & batch.assistant[:, 2 + j: 2 + j + T]      # it chooses x_{i+2+j}
         picked = known if prompt_weight > 0 else answer & known
         if not bool(picked.any()):
             continue
         logits = normed[picked] @ draft_head.T.to(normed.dtype)         # [R, Vd]
         tok = target_tok[picked]                                        # [R]
-        is_answer = answer.expand(B, T)[picked]                         # [R]
+        is_answer = answer[picked]                                      # [R]
         use = t2d[tok]                                                  # [R] loss rows
         if bool(use.any()):
-            with torch.no_grad():
-                teacher = torch.softmax(batch.final[:, 1 + j: 1 + j + T][picked][use] @ head.T,
-                                        dim=-1)                         # [U, Vd]
-                w = torch.where(is_answer[use], 1.0, prompt_weight)     # [U]
             logp = torch.log_softmax(logits[use].float(), dim=-1)
-            ce = -(teacher * logp).sum(-1)                              # [U]
+            with torch.no_grad():
+                w = torch.where(is_answer[use], 1.0, prompt_weight)     # [U]
+                if batch.final is not None:
+                    teacher = torch.softmax(batch.final[:, 1 + j: 1 + j + T][picked][use] @ head.T,
+                                            dim=-1)                     # [U, Vd]
+                else:
+                    idx = batch.topk_idx[:, 1 + j: 1 + j + T][picked][use]          # [U, k]
+                    p = batch.topk_p[:, 1 + j: 1 + j + T][picked][use]              # [U, k]
+                    p = p / p.sum(-1, keepdim=True).clamp(min=1e-12)
+            if batch.final is not None:
+                ce = -(teacher * logp).sum(-1)                          # [U]
+            else:
+                ce = -(p * logp.gather(-1, idx)).sum(-1)                # [U]
             step_loss = (ce * w).sum() / w.sum()
             total = total + (step_weight ** j) * step_loss
             on_answer = is_answer[use]
@@ -373,6 +431,8 @@ class TrainResult:
     loss_curve: list[tuple[int, float]]
     heldout_curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best_step: int | None = None     # the returned weights are from after this step
+    finished: bool = True            # False: stopped by the deadline with a checkpoint to resume
+    resumed_from: int | None = None  # the step a checkpoint resumed at
 
 
 def _lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -383,45 +443,125 @@ def _lr_at(step: int, total: int, s: TrainSettings) -> float:
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+CHECKPOINT_NAME = "state.pt"
+
+
+def _save_checkpoint(directory: Any, state: dict[str, Any]) -> None:
+    """``state.pt`` written to a temporary name, flushed to disk and renamed; then
+    ``checkpoint.json`` (step, total: for people and tests) the same way."""
+    import json
+    import os
+    from pathlib import Path
+
+    from eagle3_backend.verify.report import write_text_atomic
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / (CHECKPOINT_NAME + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(d / CHECKPOINT_NAME)
+    write_text_atomic(d / "checkpoint.json", json.dumps(
+        {"step": state["step"], "total": state["total"], "finished": state["finished"]}) + "\n")
+
+
+def load_checkpoint(directory: Any, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The state saved by a run with the same ``identity``; None when there is none;
+    an error naming the difference when the folder belongs to another run."""
+    from pathlib import Path
+
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same problem
+        raise Eagle3Error(f"{path}: not a readable checkpoint ({exc}); delete it to start "
+                          "the run over.") from None
+    theirs = state.get("identity", {})
+    diff = [k for k in sorted(set(identity) | set(theirs)) if identity.get(k) != theirs.get(k)]
+    if diff:
+        lines = "; ".join(f"{k}: checkpoint has {theirs.get(k)!r}, this run {identity.get(k)!r}"
+                          for k in diff)
+        raise Eagle3Error(f"checkpoint {path} belongs to another run ({lines}). Use another "
+                          "--checkpoint-dir, or delete it to start over.")
+    return state
+
+
 def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
-                heldout: Sequence[DataSequence], vocab: VocabMap, lm_head: torch.Tensor,
+                heldout: Sequence[DataSequence], vocab: VocabMap, lm_head: torch.Tensor | None,
                 settings: TrainSettings, deadline: float | None = None,
-                progress: bool = False) -> TrainResult:
+                progress: bool = False, checkpoint_dir: Any = None,
+                checkpoint_every: int = 100, eval_every: int | None = None,
+                identity: dict[str, Any] | None = None) -> TrainResult:
     """AdamW with warm-up and cosine decay over ``settings.steps`` batches (epochs of
-    shuffled length-bucketed batches). With a ``deadline`` the planned steps shrink to
-    what the measured step time fits before it (the schedule still decays fully), and
-    training stops at the deadline in any case. With held-out data, the held-out top-1
-    is measured after every epoch and at the end, and the weights with the best expected
-    chain acceptance length are returned (a guard against over-fitting small data)."""
+    shuffled length-bucketed batches). With held-out data, the held-out top-1 is measured
+    after every epoch, every ``eval_every`` steps and at the end, and the weights with the
+    best expected chain acceptance length are returned (a guard against over-fitting).
+
+    Without ``checkpoint_dir``, a ``deadline`` shrinks the planned steps to what the
+    measured step time fits before it (the schedule still decays fully). With it, the
+    schedule is fixed; the whole training state (weights, AdamW moments, step, the
+    epoch's shuffle state and position in it, torch RNG, best weights, curves) is saved
+    atomically every ``checkpoint_every`` steps, at the deadline and at the end, and a
+    run with the same ``identity`` continues from it: the result equals an uninterrupted
+    run's exactly (one thread). A run stopped by the deadline returns ``finished=False``.
+    ``lm_head`` may be None when every sequence carries a top-k teacher."""
     if not train:
         raise Eagle3Error("no training sequences: every answer was held out or empty. "
                           "Use more prompts (--num-prompts).")
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    head = lm_head[vocab.target_ids].float()                            # [Vd, H]
+    head = lm_head[vocab.target_ids].float() if lm_head is not None else None   # [Vd, H]
     S = settings.ttt_steps
+    epoch_state = rng.getstate()
     epoch = make_batches(train, settings.batch_tokens, S, rng)
     per_epoch = len(epoch)
+    consumed = 0                                                        # of this epoch
     total = planned = settings.steps or max(1, math.ceil(settings.epochs * per_epoch))
     held_batches = make_batches(heldout, settings.batch_tokens, S) if heldout else []
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
                             weight_decay=settings.weight_decay)
+    window: list[StepStats] = []
+    curve: list[tuple[int, float]] = []
+    held_curve: list[dict[str, Any]] = []
+    best: tuple[float, int, dict[str, torch.Tensor], StepStats] | None = None
+    step, elapsed_before = 0, 0.0
+    identity = {**(identity or {}), "settings": dataclasses.asdict(settings),
+                "train_sequences": len(train), "heldout_sequences": len(heldout)}
+    resumed_from = None
+    if checkpoint_dir is not None:
+        st = load_checkpoint(checkpoint_dir, identity)
+        if st is not None:
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["opt"])
+            step, total, consumed = st["step"], st["total"], st["consumed"]
+            rng.setstate(st["epoch_state"])
+            epoch_state = st["epoch_state"]
+            epoch = make_batches(train, settings.batch_tokens, S, rng)
+            del epoch[len(epoch) - consumed:]                           # popped from the end
+            torch.set_rng_state(st["torch_rng"])
+            window = [StepStats(*w) for w in st["window"]]
+            curve, held_curve = st["curve"], st["held_curve"]
+            if st["best"] is not None:
+                sc, bs, bstate, bst = st["best"]
+                best = (sc, bs, bstate, StepStats(*bst))
+            elapsed_before = st["elapsed"]
+            resumed_from = step
+            logger.info("resuming training from step %d of %d (%s)", step, total, checkpoint_dir)
     model.train()
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc="train", unit="step")
-    recent = StepStats.zeros(S)
-    window: list[StepStats] = []
-    curve: list[tuple[int, float]] = []
-    held_curve: list[dict[str, Any]] = []
-    best: tuple[float, int, dict[str, torch.Tensor], StepStats] | None = None
+        bar = tqdm(total=total, initial=step, desc="train", unit="step", smoothing=0.05)
 
     def check_heldout() -> None:
         nonlocal best
-        if not held_batches:
+        if not held_batches or (held_curve and held_curve[-1]["step"] == step):
             return
         st = evaluate_top1(model, held_batches, vocab, head, S)
         score = expected_acceptance_length(st.top1()) or 0.0
@@ -429,22 +569,47 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
                            "top1_by_position": [None if a is None else round(a, 4)
                                                 for a in st.top1()],
                            "expected_acceptance_length": round(score, 4)})
+        logger.info("held-out at step %d: top-1 by position %s, expected acceptance %.3f",
+                    step, held_curve[-1]["top1_by_position"], score)
+        if bar is not None:
+            bar.write(f"held-out step {step}: top-1 {held_curve[-1]['top1_by_position']} "
+                      f"acceptance {score:.3f}")
         if best is None or score > best[0]:
             best = (score, step, {k: v.detach().clone() for k, v in model.state_dict().items()},
                     st)
 
+    def save(finished: bool) -> None:
+        if checkpoint_dir is None:
+            return
+        _save_checkpoint(checkpoint_dir, {
+            "identity": identity, "step": step, "total": total, "consumed": consumed,
+            "epoch_state": epoch_state, "torch_rng": torch.get_rng_state(),
+            "model": model.state_dict(), "opt": opt.state_dict(),
+            "window": [(w.loss, w.loss_rows, w.rows, w.correct) for w in window],
+            "curve": curve, "held_curve": held_curve,
+            "best": None if best is None else (best[0], best[1], best[2],
+                                               (best[3].loss, best[3].loss_rows,
+                                                best[3].rows, best[3].correct)),
+            "elapsed": elapsed_before + time.perf_counter() - t0, "finished": finished})
+
     t0 = time.perf_counter()
-    step, cut = 0, False
+    steps_at_start = step
+    cut = False
     while step < total:
-        if not epoch:
-            check_heldout()
-            epoch = make_batches(train, settings.batch_tokens, S, rng)
-        batch = epoch.pop()
         if deadline is not None and time.perf_counter() > deadline:
             cut = True
             break
-        if deadline is not None and step >= 3:   # plan the schedule to end by the deadline
-            per_step = (time.perf_counter() - t0) / step
+        if not epoch:
+            check_heldout()
+            epoch_state = rng.getstate()
+            epoch = make_batches(train, settings.batch_tokens, S, rng)
+            consumed = 0
+        batch = epoch.pop()
+        consumed += 1
+        done_here = step - steps_at_start
+        if deadline is not None and checkpoint_dir is None and done_here >= 3:
+            # plan the schedule to end by the deadline
+            per_step = (time.perf_counter() - t0) / done_here
             fits = step + int((deadline - time.perf_counter()) / per_step)
             if fits < total:
                 total = max(step + 1, fits)
@@ -465,6 +630,10 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
             window.pop(0)
         curve.append((step, float(loss.detach())))
         step += 1
+        if eval_every and step % eval_every == 0 and step < total:
+            check_heldout()
+        if step < total and step % max(1, checkpoint_every) == 0:
+            save(False)
         if bar is not None:
             acc = stats.top1()[0]
             bar.update(1)
@@ -472,13 +641,21 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
                             top1=f"{acc:.2f}" if acc is not None else "-")
     if bar is not None:
         bar.close()
-    if not held_curve or held_curve[-1]["step"] != step:
+    finished = step >= total
+    if checkpoint_dir is not None and not finished:
+        save(False)
+        logger.info("stopped at step %d of %d; checkpoint in %s", step, total, checkpoint_dir)
+    if finished and (not held_curve or held_curve[-1]["step"] != step):
         check_heldout()
+    if finished:
+        save(True)
     held, best_step = None, None
     if best is not None:
         _, best_step, state, held = best
-        model.load_state_dict(state)
-    seconds = time.perf_counter() - t0
+        if finished:
+            model.load_state_dict(state)
+    seconds = elapsed_before + time.perf_counter() - t0
+    recent = StepStats.zeros(S)
     for st in window:
         recent.add(st)
     model.eval()
@@ -488,6 +665,7 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
         seconds=seconds, train_rows=sum(s.answer_len for s in train),
         heldout_rows=sum(s.answer_len for s in heldout), train_stats=recent,
         heldout_stats=held, loss_curve=curve, heldout_curve=held_curve, best_step=best_step,
+        finished=finished, resumed_from=resumed_from,
     )
 
 
@@ -515,6 +693,7 @@ def summarize(result: TrainResult) -> dict[str, Any]:
         "heldout_expected_acceptance_length": (expected_acceptance_length(held_top1)
                                                if held_top1 else None),
         "best_step": result.best_step,
+        "resumed_from_step": result.resumed_from,
         "heldout_curve": result.heldout_curve,
         "loss_first": result.loss_curve[0][1] if result.loss_curve else None,
         "loss_last": result.loss_curve[-1][1] if result.loss_curve else None,
