@@ -136,15 +136,6 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- pieces
-def _mtbench_texts() -> set[str]:
-    from eagle3_backend.verify.datasets import DatasetError, read_mtbench
-
-    try:
-        return {p.text.strip() for p in read_mtbench()}
-    except DatasetError:  # package absent: nothing to exclude
-        return set()
-
-
 def _prompts(dataset: str, seed: int) -> tuple[list[Any], int]:
     """All prompts of the dataset minus MT-Bench questions, in a seeded random order."""
     from eagle3_backend.verify.datasets import load_prompts
@@ -154,7 +145,9 @@ def _prompts(dataset: str, seed: int) -> tuple[list[Any], int]:
         raise Eagle3Error("--dataset mt-bench is the evaluation set; training on it would "
                           "inflate `eagle3 eval`. Use sharegpt or a prompt file.")
     prompts = load_prompts(dataset)
-    banned = _mtbench_texts()
+    from eagle3_backend.verify.datasets import mtbench_texts
+
+    banned = mtbench_texts()
     kept = [p for p in prompts if p.text.strip() not in banned]
     if not kept:
         raise Eagle3Error(f"all {len(prompts)} prompts of {dataset} are MT-Bench questions, the "

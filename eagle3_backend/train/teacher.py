@@ -113,9 +113,9 @@ def load_conversations(dataset: str, seed: int) -> tuple[list[Conversation], dic
         text = path.read_text(encoding="utf-8-sig")
         records = (json.loads(text) if text.lstrip().startswith("[") else
                    [json.loads(line) for line in text.splitlines() if line.strip()])
-    from eagle3_backend.train.cli import _mtbench_texts
+    from eagle3_backend.verify.datasets import mtbench_texts
 
-    banned = _mtbench_texts()
+    banned = mtbench_texts()
     convs, counts = [], {"records": 0, "skipped": 0, "mtbench_excluded": 0}
     for i, rec in enumerate(records):
         counts["records"] += 1

@@ -641,3 +641,13 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, max_prompt_toke
             continue
         encoded.append((p.id, ids))
     return encoded, skipped
+
+
+def mtbench_texts() -> set[str]:
+    """The MT-Bench questions' texts, which training data must never contain (empty when the
+    MT-Bench package is absent)."""
+    try:
+        return {p.text.strip() for p in read_mtbench()}
+    except DatasetError:
+        return set()
+
