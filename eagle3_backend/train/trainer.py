@@ -476,10 +476,11 @@ def load_checkpoint(directory: Any, identity: dict[str, Any]) -> dict[str, Any] 
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same problem
-        raise Eagle3Error(f"{path}: not a readable checkpoint ({exc}); delete it to start "
-                          "the run over.") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Eagle3Error(f"{path}: not a readable checkpoint (tensors and plain values only, "
+                          f"never pickled code: {first}); delete it to start the run over.") from None
     theirs = state.get("identity", {})
     diff = [k for k in sorted(set(identity) | set(theirs)) if identity.get(k) != theirs.get(k)]
     if diff:
