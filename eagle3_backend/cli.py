@@ -10,6 +10,8 @@
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
     eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE] [--minutes M]
     eagle3 doctor DRAFT [--target T] [--dataset mt-bench|FILE] [--url URL]   (exit 0 fits, 1 mismatch, 4 undecided)
+    eagle3 swap --url URL --draft DIR [--probe-prompts N] [--keep-if-worse]  (exit 0 only when DIR is live)
+    eagle3 swap --url URL --rollback
 
 Bad input (a missing file, a malformed config.json, a refused pickle) prints one
 paragraph naming the file, the field, the value, what was expected and the fix,
@@ -285,6 +287,76 @@ def cmd_make_demo_draft(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_swap(args: argparse.Namespace) -> int:
+    """POST /eagle3/draft/swap (or /rollback) to a running server; print what happened.
+
+    Exit 0: the new draft is live; 1: the canary rolled it back; 2: refused (nothing changed);
+    3: the server failed or could not be reached."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    from eagle3_backend.serving import drafts
+
+    if args.rollback:
+        route, body = drafts.ROLLBACK_ROUTE, {}
+    else:
+        route = drafts.SWAP_ROUTE
+        body = {"path": os.path.abspath(args.draft), "probe_prompts": args.probe_prompts,
+                "probe_tokens": args.probe_tokens, "margin": args.margin, "keep_if_worse": args.keep_if_worse}
+    key = args.api_key or os.environ.get("SGLANG_API_KEY")
+    req = urllib.request.Request(args.url.rstrip("/") + route, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            status, out = resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+        try:
+            out = json.loads(raw)
+        except ValueError:
+            out = {"message": raw.decode(errors="replace")[:500]}
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"eagle3 swap: cannot reach {args.url}: {getattr(exc, 'reason', exc)}. Is the server "
+              f"up, and is this its --host/--port?", file=sys.stderr)
+        return EXIT_INTERNAL
+    if args.json:
+        _print_json({"status": status, **out})
+    else:
+        for line in swap_lines(status, out):
+            print(line)
+    if out.get("success"):
+        return EXIT_OK
+    return EXIT_PROBLEMS if out.get("stage") == "rolled-back" else (EXIT_INTERNAL if status >= 500 else EXIT_BAD_INPUT)
+
+
+def swap_lines(status: int, out: dict[str, Any]) -> list[str]:
+    """What ``eagle3 swap`` prints for the server's answer."""
+    if status == 401:
+        return ["refused: the server wants its API key (--api-key or $SGLANG_API_KEY)"]
+    if status == 404:
+        return ["refused: this server has no /eagle3/draft routes (not an EAGLE-3 launch with the "
+                "eagle3_backend plugin, or the feature is off: see its log)"]
+    lines = []
+    if out.get("validated"):
+        lines.append(f"validated: {out['path']} on the running target")
+    if "staged" in out:
+        lines.append(f"staged:    {out['staged']['seconds']:.2f} s, every rank")
+    if "committed" in out:
+        c = out["committed"]
+        lines.append(f"committed: {c['seconds']:.2f} s in place; prefix cache "
+                     f"{'flushed' if c['cache_flushed'] else 'kept (requests were running)'}")
+    if "canary" in out:
+        c = out["canary"]
+        lines.append(f"canary:    {c['prompts']} probe prompts x {c['max_new_tokens']} tokens: acceptance "
+                     f"{c['accept_length_before']:.3f} -> {c['accept_length_after']:.3f} (margin {c['margin']}); "
+                     f"outputs {'identical' if c['outputs_identical'] else 'DIFFER'}; {c['verdict']}")
+    state = "live" if out.get("success") else out.get("stage", "failed")
+    lines.append(f"result:    {state}: {out.get('message', '')}")
+    return lines
+
+
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from eagle3_backend.checkpoint.files import force_help
@@ -352,6 +424,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     sp.add_argument("--force", action="store_true", help=force_help("OUT"))
     sp.set_defaults(func=cmd_make_demo_draft)
+
+    from eagle3_backend.serving import drafts
+
+    sp = sub.add_parser("swap", help="replace the EAGLE-3 draft of a running server (canary, rollback)")
+    sp.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    what = sp.add_mutually_exclusive_group(required=True)
+    what.add_argument("--draft", metavar="DIR", help="the new draft checkpoint (a path the server can read)")
+    what.add_argument("--rollback", action="store_true", help="restore the draft the last swap replaced")
+    sp.add_argument("--probe-prompts", type=int, default=drafts.PROBE_PROMPTS, metavar="N",
+                    help="canary: MT-Bench first turns sent before and after (0: no canary)")
+    sp.add_argument("--probe-tokens", type=int, default=drafts.PROBE_TOKENS, metavar="K")
+    sp.add_argument("--margin", type=float, default=drafts.MARGIN,
+                    help="accepted tokens per verify step the new draft may lose before it is rolled back")
+    sp.add_argument("--keep-if-worse", action="store_true", help="keep the new draft even if the canary says worse")
+    sp.add_argument("--api-key", help="the server's --api-key / --admin-api-key (default $SGLANG_API_KEY)")
+    sp.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the answer")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_swap)
 
     from eagle3_backend.verify.cli import add_bench_parser, add_eval_parser
     add_eval_parser(sub)

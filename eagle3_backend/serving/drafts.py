@@ -1,6 +1,6 @@
-"""Draft weights on a live server (issue 17, first slice): the guard, the info route, swap checks.
+"""Draft weights on a live server (issue 17): the guard, the info route, the swap and rollback.
 
-Three things, through the ``draft`` and ``draft-http`` rows of ``hooks.HOOKS`` only:
+Through the ``draft`` and ``draft-http`` rows of ``hooks.HOOKS`` only:
 
 * **The /update_weights_from_disk guard** (scheduler). Stock SGLang 0.5.23 loads the
   path it is given into the target *and then every draft runner*
@@ -11,12 +11,17 @@ Three things, through the ``draft`` and ``draft-http`` rows of ``hooks.HOOKS`` o
   updates the target only and says so in its message; a path that is itself an EAGLE-3 draft
   checkpoint is refused before anything is read, naming ``/eagle3/draft/swap``.
 * **GET /eagle3/draft** (admin route, SGLang's API-key rules): the active draft's path,
-  layout, SHA-256 of its own weights as they are in memory now, load time, and acceptance
-  since load counted from the scheduler's own ``update_spec_metrics`` calls.
-* **POST /eagle3/draft/swap {"path": DIR}**: validation only. The start-up checks on the
-  running target (``checks.check_launch``, the suite's words), then the same layout and every
-  shape-affecting config field, else a refusal with the exact restart command. Weights are
-  never touched: staging, commit and rollback are not built yet.
+  layout, SHA-256 of its own weights as they are in memory now, load time, acceptance
+  since load counted from the scheduler's own ``update_spec_metrics`` calls, and the draft
+  kept for a rollback.
+* **POST /eagle3/draft/swap {"path": DIR, ...}**: (1) the start-up checks on the running
+  target (``checks.check_launch``, the suite's words), then the same layout and every
+  shape-affecting config field, else a refusal with the exact restart command; (2) canary
+  probes with the serving draft (greedy; the bundled MT-Bench first turns unless the body
+  gives texts or input ids); (3) staging, commit, all ranks or none (``swap.py``); (4) the
+  same probes with the new draft: worse acceptance than before by more than ``margin``
+  rolls back to the kept copy (unless ``keep_if_worse``). One swap at a time (409).
+* **POST /eagle3/draft/rollback**: the kept draft and the serving one trade places.
 
 Which processes: the launcher verifies both groups after its pre-load checks and hands the
 verdict to its schedulers in ``$EAGLE3_DRAFT_ADMIN`` (like the serving plan); a missing or
@@ -28,6 +33,7 @@ of an EAGLE-3 launch the ``draft`` rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -40,9 +46,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
-from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.errors import Eagle3Error, ServingError
 from eagle3_backend.serving import checks, hooks
 
 logger = logging.getLogger(__name__)
@@ -51,7 +57,9 @@ logger = logging.getLogger(__name__)
 DRAFT_ENV = "EAGLE3_DRAFT_ADMIN"
 INFO_ROUTE = "/eagle3/draft"
 SWAP_ROUTE = "/eagle3/draft/swap"
-FEATURE = f"the live-draft admin ({INFO_ROUTE}, {SWAP_ROUTE}, the /update_weights_from_disk guard)"
+ROLLBACK_ROUTE = "/eagle3/draft/rollback"
+FEATURE = (f"the live-draft admin ({INFO_ROUTE}, {SWAP_ROUTE}, {ROLLBACK_ROUTE}, the "
+           "/update_weights_from_disk guard)")
 
 _HTTP_SETUP = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _APP = "sglang.srt.entrypoints.http_server.app"
@@ -68,7 +76,14 @@ _GET_PARALLEL = "sglang.srt.runtime_context.get_parallel"
 _DRAFT_RUNNERS = "sglang.srt.speculative.base_spec_worker.BaseSpecWorker.weight_update_runners"
 _TARGET_RUNNERS = "sglang.srt.managers.tp_worker.TpModelWorker.weight_update_runners"
 
+_GEN_REQ = "sglang.srt.managers.io_struct.GenerateReqInput"
+_TM_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+
 INFO_TIMEOUT = 120.0
+STAGE_TIMEOUT = 600.0
+#: The swap's defaults: bundled MT-Bench first turns as canary probes, greedy, this many tokens,
+#: and the acceptance (tokens per verify step) the new draft may lose before it is rolled back.
+PROBE_PROMPTS, PROBE_TOKENS, MARGIN = 8, 32, 0.05
 
 
 # ------------------------------------------------------------------------- feature switch
@@ -102,34 +117,33 @@ def enabled() -> bool:
 # ------------------------------------------------------------------------- message types
 @dataclass(frozen=True, slots=True)
 class _Types:
-    info_in: type
-    info_out: type
-
-    @property
-    def all(self) -> tuple[type, ...]:
-        return (self.info_in, self.info_out)
+    req: type
+    out: type
 
 
 @functools.cache
 def message_types() -> _Types:
-    """The IPC messages (msgspec structs under SGLang's BaseReq; the tag is the class name)."""
+    """The IPC messages (msgspec structs under SGLang's BaseReq; the tag is the class name):
+    one request ``op`` (info, stage, status, commit, rollback, discard: ``swap.handle``) with
+    its ``path``, one JSON answer."""
     base = hooks.use(_BASE_REQ)
 
-    class Eagle3DraftInfoReqInput(base, kw_only=True):
-        pass
+    class Eagle3DraftReqInput(base, kw_only=True):
+        op: str
+        path: str = ""
 
-    class Eagle3DraftInfoReqOutput(base, kw_only=True):
-        payload: str  # JSON: draft_info()
+    class Eagle3DraftReqOutput(base, kw_only=True):
+        payload: str  # JSON
 
-    types = _Types(Eagle3DraftInfoReqInput, Eagle3DraftInfoReqOutput)
-    for cls in types.all:  # module-level names: SGLang's pickle IPC finds them by name
+    types = _Types(Eagle3DraftReqInput, Eagle3DraftReqOutput)
+    for cls in (types.req, types.out):  # module-level names: SGLang's pickle IPC finds them by name
         cls.__module__, cls.__qualname__ = __name__, cls.__name__
         globals()[cls.__name__] = cls
-    hooks.use(_CUSTOM_TYPES)(*types.all)  # and its msgpack IPC decodes them from now on
+    hooks.use(_CUSTOM_TYPES)(types.req, types.out)  # and its msgpack IPC decodes them from now on
     return types
 
 
-_TYPE_NAMES = ("Eagle3DraftInfoReqInput", "Eagle3DraftInfoReqOutput")
+_TYPE_NAMES = ("Eagle3DraftReqInput", "Eagle3DraftReqOutput")
 
 
 def __getattr__(name: str) -> Any:
@@ -148,6 +162,7 @@ class DraftRecord:
     path: str
     layout: str
     loaded_at: float
+    manifest: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape
     verify_steps: int = 0
     accepted_tokens: int = 0
     correct_drafts: int = 0
@@ -157,10 +172,38 @@ _LOCK = threading.Lock()
 _ACTIVE: list[DraftRecord] = []
 
 
-def record_load(path: str, layout: str) -> None:
+def record_load(path: str, layout: str, manifest: dict[str, tuple[int, ...]] | None = None) -> None:
     """Called when the draft's weights were loaded (and checked): acceptance starts over."""
     with _LOCK:
-        _ACTIVE[:] = [DraftRecord(path=str(path), layout=str(layout), loaded_at=time.time())]
+        _ACTIVE[:] = [DraftRecord(path=str(path), layout=str(layout), loaded_at=time.time(),
+                                  manifest=dict(manifest or {}))]
+
+
+_SWAP_LOAD = threading.local()  # set while swap.py loads a new draft into the running one
+
+
+@contextlib.contextmanager
+def swap_load(path: str) -> Iterator[None]:
+    """Marks a load as a swap's: the load hook then leaves the record to the swap."""
+    _SWAP_LOAD.path, _SWAP_LOAD.manifest = path, None
+    try:
+        yield
+    finally:
+        _SWAP_LOAD.path = None
+
+
+def swap_manifest() -> dict[str, tuple[int, ...]] | None:
+    """The tensor names and shapes SGLang's loader read in the last swap load."""
+    return getattr(_SWAP_LOAD, "manifest", None)
+
+
+def after_draft_load(manifest: dict[str, tuple[int, ...]]) -> None:
+    """Called by the draft load hook once SGLang consumed every tensor."""
+    if getattr(_SWAP_LOAD, "path", None):
+        _SWAP_LOAD.manifest = manifest
+        return
+    plan = checks.process_plan()
+    record_load(plan.draft_path, str(plan.layout), manifest)
 
 
 def active() -> DraftRecord | None:
@@ -221,9 +264,12 @@ def draft_info(scheduler: Any) -> dict[str, Any]:
     digest, count = weights_digest(draft_tensors(scheduler))
     with _LOCK:
         steps, accepted, correct = rec.verify_steps, rec.accepted_tokens, rec.correct_drafts
+    from eagle3_backend.serving import swap
+
     return {
         "path": rec.path,
         "layout": rec.layout,
+        "kept": swap.kept_path(),
         "weights_sha256": digest,
         "weights_tensors": count,
         "loaded_at": rec.loaded_at,
@@ -238,18 +284,20 @@ def draft_info(scheduler: Any) -> dict[str, Any]:
 
 def after_init_request_dispatcher(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER Scheduler.init_request_dispatcher: answer this plugin's requests between batches."""
+    from eagle3_backend.serving import swap
+
     types = message_types()
     dispatcher = hooks.use(_DISPATCHER)
 
     def handle(req: Any) -> Any:
         try:
-            body = draft_info(scheduler)
-        except Exception as exc:  # an info request must never stop the scheduler
-            logger.exception("eagle3_backend: GET %s failed in the scheduler", INFO_ROUTE)
-            body = {"error": f"eagle3_backend: reading the draft failed: {type(exc).__name__}: {exc}"}
-        return types.info_out(payload=json.dumps(body))
+            body = swap.handle(scheduler, req.op, req.path)
+        except Exception as exc:  # a draft request must never stop the scheduler
+            logger.exception("eagle3_backend: draft op %s failed in the scheduler", req.op)
+            body = {"error": f"eagle3_backend: draft op {req.op} failed: {type(exc).__name__}: {exc}"}
+        return types.out(payload=json.dumps(body))
 
-    scheduler._request_dispatcher += dispatcher([(types.info_in, handle)])
+    scheduler._request_dispatcher += dispatcher([(types.req, handle)])
     return None
 
 
@@ -366,12 +414,9 @@ def _refused(stage: str, message: str, status: int = 400, **extra: Any) -> SwapV
 
 
 def judge_swap(current: Any, launch: checks.LaunchArgs, target: Any, path: str,
-               argv: list[str] | None) -> SwapVerdict:
+               argv: list[str] | None) -> SwapVerdict | None:
     """Can the draft at ``path`` replace ``current`` (a ServingPlan) on this running target?
-
-    Validation only: nothing is loaded into the server. A pass is answered 501 (the swap
-    itself is not built yet), with the restart command that serves the new draft now.
-    """
+    None when it can; else the refusal. Nothing is loaded into the server here."""
     from eagle3_backend.checkpoint.read import load_draft
 
     cmd = restart_command(argv, path)
@@ -401,13 +446,7 @@ def judge_swap(current: Any, launch: checks.LaunchArgs, target: Any, path: str,
             f"{current.draft_path} in {', '.join(diffs)}; SGLang built the draft's modules from "
             f"these at start, so a swap in place cannot change them. Restart with: {cmd}"),
             restart_command=cmd)
-    return SwapVerdict(501, {
-        "success": False, "stage": "not-implemented", "validated": True,
-        "message": (f"eagle3_backend: draft {path} passes the start-up checks on this target and "
-                    f"matches the served draft's layout {current.layout} and shape; swapping a live "
-                    f"server's draft is not built yet, so nothing changed and {current.draft_path} "
-                    f"still serves. To serve the new draft now, restart with: {cmd}"),
-        "restart_command": cmd})
+    return None
 
 
 def _value(cfg: Any, name: str) -> Any:
@@ -445,12 +484,14 @@ def before_setup_http_server(*args: Any, **kwargs: Any) -> None:
 
 
 class _Admin:
-    """The launcher side of the routes: talks to the schedulers, runs the swap checks."""
+    """The launcher side of the routes: talks to the schedulers, drives a swap."""
 
     def __init__(self, server_args: Any, tokenizer_manager: Any, argv: list[str]):
         self.server_args, self.tm, self.argv = server_args, tokenizer_manager, argv
         self._comm: Any = None
         self._swap_lock = asyncio.Lock()
+        plan = checks.process_plan()
+        self.active_path = plan.draft_path if plan is not None else ""
 
     def _communicator(self) -> Any:
         if self._comm is None:
@@ -459,35 +500,217 @@ class _Admin:
             fan_out = int(hooks.use(_GET_PARALLEL)().num_dp_ranks)
             self._comm = hooks.use(_COMMUNICATOR)(
                 functools.partial(hooks.use(_TM_DISPATCH), self.tm), fan_out)
-            self.tm._result_dispatcher += hooks.use(_DISPATCHER)([(types.info_out, self._comm.handle_recv)])
+            self.tm._result_dispatcher += hooks.use(_DISPATCHER)([(types.out, self._comm.handle_recv)])
         return self._comm
 
+    async def op(self, op: str, path: str = "", timeout: float = INFO_TIMEOUT) -> list[dict[str, Any]]:
+        """One draft op on every DP group's schedulers; their answers."""
+        results = await asyncio.wait_for(self._communicator()(message_types().req(op=op, path=path)), timeout)
+        return [json.loads(r.payload) for r in results]
+
     async def info(self) -> tuple[int, dict[str, Any]]:
-        results = await asyncio.wait_for(self._communicator()(message_types().info_in()), INFO_TIMEOUT)
-        bodies = [json.loads(r.payload) for r in results]
+        bodies = await self.op("info")
         body = bodies[0] if len(bodies) == 1 else {"dp_ranks": bodies}
         return (500 if any("error" in b for b in bodies) else 200), body
 
     async def swap(self, body: Any) -> tuple[int, dict[str, Any]]:
-        path = body.get("path") if isinstance(body, dict) else None
-        if not isinstance(path, str) or not path:
-            v = _refused("request", f'eagle3_backend: {SWAP_ROUTE} expects a JSON body {{"path": DIR}}; '
-                                    f"got {str(body)[:200]}.")
-            return v.status, v.body
+        req = _swap_request(body)
+        if isinstance(req, SwapVerdict):
+            return req.status, req.body
         if self._swap_lock.locked():
-            v = _refused("request", f"eagle3_backend: a draft swap is already running; {path} was "
+            v = _refused("request", f"eagle3_backend: a draft swap is already running; {req.path} was "
                                     f"not considered. Retry when it has finished.", status=409)
             return v.status, v.body
         async with self._swap_lock:
-            v = await asyncio.to_thread(self._judge, path)
-        logger.info("eagle3_backend: %s %s: %s (%s)", SWAP_ROUTE, path, v.body["stage"], v.body["message"])
+            try:
+                v = await self._swap(req)
+            except Exception as exc:  # the route answers; the server keeps serving
+                logger.exception("eagle3_backend: draft swap to %s failed", req.path)
+                v = _refused("error", f"eagle3_backend: the swap to {req.path} failed: {type(exc).__name__}: "
+                             f"{exc}; {self.active_path} serves (GET {INFO_ROUTE} shows it).", status=500)
+        logger.info("eagle3_backend: draft swap %s -> %s: %s; %s", self.active_path if not v.body.get(
+            "success") else v.body.get("previous"), req.path, v.body["stage"], v.body["message"])
         return v.status, v.body
 
-    def _judge(self, path: str) -> SwapVerdict:
+    async def _swap(self, req: "_SwapRequest") -> SwapVerdict:
+        old = self.active_path
+        v = await asyncio.to_thread(self._judge, req.path)
+        if v is not None:
+            return v
+        logger.info("eagle3_backend: draft swap %s -> %s: validated; %s", old, req.path,
+                    f"{req.probes} canary probes of {req.tokens} tokens" if req.probes else "no canary")
+        try:
+            before = await self._probe(req) if req.probes else None
+        except ServingError as exc:
+            return _refused("request", f"eagle3_backend refuses the swap to {req.path}: {exc}")
+        started = time.time()
+        if not all(b.get("ok") for b in await self.op("stage", req.path)):
+            return _refused("stage", f"eagle3_backend: another staging is still running; {old} still serves.",
+                            status=409)
+        while True:
+            states = await self.op("status", req.path)
+            if any(s.get("state") == "failed" for s in states):
+                await self.op("discard")
+                errors = [e for s in states for e in s.get("errors", [])]
+                return _refused("stage", f"eagle3_backend refuses the swap to {req.path}: "
+                                f"{'; '.join(errors)}. Nothing changed; {old} still serves.")
+            if all(s.get("state") == "ready" for s in states):
+                break
+            if time.time() - started > STAGE_TIMEOUT:
+                await self.op("discard")
+                return _refused("stage", f"eagle3_backend: staging {req.path} took over {STAGE_TIMEOUT:.0f} s; "
+                                f"nothing changed; {old} still serves.", status=504)
+            await asyncio.sleep(0.1)
+        staged_s = round(time.time() - started, 3)
+        commits = await self.op("commit", req.path)
+        if not all(c.get("ok") for c in commits):
+            errors = [e for c in commits for e in c.get("errors", [c.get("error", "")])]
+            return _refused("commit", f"eagle3_backend: committing {req.path} failed ({'; '.join(errors)}); "
+                            f"every rank restored {old}, which still serves.", status=500)
+        self.active_path = req.path
+        out: dict[str, Any] = {
+            "success": True, "stage": "live", "path": req.path, "previous": old, "validated": True,
+            "staged": {"seconds": staged_s}, "committed": {
+                "seconds": max(c["seconds"] for c in commits),
+                "cache_flushed": all(c["cache_flushed"] for c in commits),
+                "left_to_target": sorted({n for c in commits for n in c["left_to_target"]})}}
+        if before is None:
+            out["message"] = f"eagle3_backend: {req.path} serves now (no canary probes asked); {old} is kept for {ROLLBACK_ROUTE}."
+            return SwapVerdict(200, out)
+        after = await self._probe(req)
+        worse = after["accept_length"] < before["accept_length"] - req.margin
+        canary = {"prompts": len(before["outputs"]), "max_new_tokens": req.tokens, "margin": req.margin,
+                  "accept_length_before": before["accept_length"], "accept_length_after": after["accept_length"],
+                  "outputs_identical": before["outputs"] == after["outputs"]}
+        out["canary"] = canary
+        fig = (f"acceptance on {canary['prompts']} probe prompts {before['accept_length']:.3f} -> "
+               f"{after['accept_length']:.3f}")
+        if worse and not req.keep_if_worse:
+            back = await self.op("rollback")
+            if not all(b.get("ok") for b in back):
+                errors = [e for b in back for e in b.get("errors", [])]
+                out.update(success=False, stage="rollback-failed", message=(
+                    f"eagle3_backend: {req.path} did worse ({fig}) and rolling back failed "
+                    f"({'; '.join(errors)}); {req.path} still serves."))
+                return SwapVerdict(500, out)
+            self.active_path = old
+            canary["verdict"] = "rolled back"
+            out.update(success=False, stage="rolled-back", message=(
+                f"eagle3_backend: {req.path} did worse than {old} ({fig}, margin {req.margin}); rolled "
+                f"back, {old} serves. Send keep_if_worse to keep it anyway."))
+            return SwapVerdict(422, out)
+        canary["verdict"] = "kept despite worse" if worse else "kept"
+        out["message"] = (f"eagle3_backend: {req.path} serves now ({fig}); {old} is kept for {ROLLBACK_ROUTE}.")
+        return SwapVerdict(200, out)
 
-        current = checks.process_plan()
+    async def rollback(self) -> tuple[int, dict[str, Any]]:
+        if self._swap_lock.locked():
+            v = _refused("request", "eagle3_backend: a draft swap is running; roll back when it has finished.",
+                         status=409)
+            return v.status, v.body
+        async with self._swap_lock:
+            answers = await self.op("rollback")
+            if not all(a.get("ok") for a in answers):
+                errors = [e for a in answers for e in a.get("errors", [])]
+                return 409, {"success": False, "stage": "rollback",
+                             "message": f"eagle3_backend: nothing rolled back ({'; '.join(errors)}); "
+                                        f"{self.active_path} still serves."}
+            old, self.active_path = self.active_path, answers[0]["path"]
+        logger.info("eagle3_backend: draft rollback %s -> %s", old, self.active_path)
+        return 200, {"success": True, "stage": "live", "path": self.active_path, "previous": old,
+                     "message": f"eagle3_backend: rolled back; {self.active_path} serves, {old} is kept."}
+
+    def _judge(self, path: str) -> SwapVerdict | None:
+        current = dataclasses.replace(checks.process_plan(), draft_path=self.active_path)
         launch, target = checks.launch_args(self.server_args), checks.target_of(self.server_args)
         return judge_swap(current, launch, target, path, self.argv)
+
+    async def _probe(self, req: "_SwapRequest") -> dict[str, Any]:
+        """The probe prompts, greedy, all at once: SGLang's own accept length over them and the outputs."""
+        gen = hooks.use(_GEN_REQ)
+
+        async def one(prompt: dict[str, Any]) -> dict[str, Any]:
+            obj = gen(**prompt, sampling_params={"temperature": 0.0, "max_new_tokens": req.tokens})
+            out: dict[str, Any] = {}
+            async for out in self.tm.generate_request(obj, None):
+                pass
+            return out
+
+        outs = await asyncio.gather(*(one(p) for p in _probe_inputs(req, self.tm)))
+        steps = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
+        tokens = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
+        return {"accept_length": round(tokens / steps, 4) if steps else 1.0,
+                "outputs": [o.get("output_ids", o.get("text")) for o in outs]}
+
+
+@dataclass(frozen=True, slots=True)
+class _SwapRequest:
+    path: str
+    probes: int
+    tokens: int
+    margin: float
+    keep_if_worse: bool
+    texts: tuple[str, ...] | None
+    input_ids: tuple[tuple[int, ...], ...] | None
+
+
+def _swap_request(body: Any) -> "_SwapRequest | SwapVerdict":
+    """The swap body: {"path": DIR, "probe_prompts": N, "probe_texts": [...] or "probe_input_ids":
+    [[...], ...], "probe_tokens": K, "margin": M, "keep_if_worse": bool}; a bad one is refused by name."""
+    def bad(why: str) -> SwapVerdict:
+        return _refused("request", f"eagle3_backend: {SWAP_ROUTE} {why}; got {str(body)[:200]}.")
+
+    path = body.get("path") if isinstance(body, dict) else None
+    if not isinstance(path, str) or not path:
+        return bad('expects a JSON body {"path": DIR}')
+    known = {"path", "probe_prompts", "probe_texts", "probe_input_ids", "probe_tokens", "margin",
+             "keep_if_worse"}
+    if set(body) - known:
+        return bad(f"does not know {sorted(set(body) - known)} (it takes {sorted(known)})")
+    texts = body.get("probe_texts")
+    if texts is not None and (not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts)):
+        return bad("expects probe_texts as a list of non-empty strings")
+    ids = body.get("probe_input_ids")
+    if ids is not None and (texts is not None or not isinstance(ids, list) or not all(
+            isinstance(r, list) and r and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                              for i in r) for r in ids)):
+        return bad("expects probe_input_ids as a list of non-empty lists of token ids (not with probe_texts)")
+    given = texts or ids
+    probes = body.get("probe_prompts", len(given) if given else PROBE_PROMPTS)
+    tokens, margin = body.get("probe_tokens", PROBE_TOKENS), body.get("margin", MARGIN)
+    keep = body.get("keep_if_worse", False)
+    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 0:
+        return bad("expects probe_prompts as an integer >= 0 (0: no canary)")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 4096:
+        return bad("expects probe_tokens as an integer in [1, 4096]")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
+        return bad("expects margin as a number >= 0 (accepted tokens per verify step)")
+    if not isinstance(keep, bool):
+        return bad("expects keep_if_worse as true or false")
+    return _SwapRequest(path, probes, tokens, float(margin), keep, tuple(texts) if texts else None,
+                        tuple(tuple(r) for r in ids) if ids else None)
+
+
+def _probe_inputs(req: _SwapRequest, tm: Any) -> list[dict[str, Any]]:
+    """The canary's prompts (``probe_prompts`` of them, cycled): the request's input ids, its
+    texts, or the bundled MT-Bench first turns; texts in the served chat template when there is one."""
+    if req.input_ids:
+        return [{"input_ids": list(req.input_ids[i % len(req.input_ids)])} for i in range(req.probes)]
+    tok = getattr(tm, "tokenizer", None)
+    if tok is None:
+        raise ServingError(f"this server has no tokenizer (--skip-tokenizer-init), so its canary "
+                           f"needs probe_input_ids (or probe_prompts 0); nothing changed.")
+    if req.texts:
+        texts = list(req.texts)
+    else:
+        from eagle3_backend.verify.datasets import read_mtbench
+
+        texts = [p.messages[-1][1] for p in read_mtbench()]
+    texts = [texts[i % len(texts)] for i in range(req.probes)]
+    if getattr(tok, "chat_template", None):
+        texts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                         add_generation_prompt=True) for t in texts]
+    return [{"text": t} for t in texts]
 
 
 def add_routes(app: Any, admin: _Admin) -> None:
@@ -511,9 +734,15 @@ def add_routes(app: Any, admin: _Admin) -> None:
         status, out = await admin.swap(body)
         return JSONResponse(out, status_code=status)
 
-    for fn in (eagle3_draft_info, eagle3_draft_swap):
+    async def eagle3_draft_rollback(request):
+        status, out = await admin.rollback()
+        return JSONResponse(out, status_code=status)
+
+    for fn in (eagle3_draft_info, eagle3_draft_swap, eagle3_draft_rollback):
         fn.__annotations__ = {"request": Request}  # resolved by FastAPI: no string annotation
         mark(fn)
     app.add_api_route(INFO_ROUTE, eagle3_draft_info, methods=["GET"])
     app.add_api_route(SWAP_ROUTE, eagle3_draft_swap, methods=["POST"])
-    logger.info("eagle3_backend: added GET %s and POST %s (admin routes)", INFO_ROUTE, SWAP_ROUTE)
+    app.add_api_route(ROLLBACK_ROUTE, eagle3_draft_rollback, methods=["POST"])
+    logger.info("eagle3_backend: added GET %s, POST %s and POST %s (admin routes)", INFO_ROUTE,
+                SWAP_ROUTE, ROLLBACK_ROUTE)

@@ -178,7 +178,12 @@ HOOKS: tuple[Hook, ...] = (
          why="the tokenizer manager's receive loop, which routes answers through its "
              "_result_dispatcher (an instance attribute, extended with this plugin's type)"),
     Hook("sglang.srt.runtime_context.get_parallel", USE, "()", "draft-http",
-         why="num_dp_ranks: how many answers one info request gets"),
+         why="num_dp_ranks: how many answers one draft request gets; in the schedulers, the "
+             "TP group whose ranks agree on every staging and commit"),
+    Hook("sglang.srt.managers.io_struct.GenerateReqInput", USE, CLASS, "draft-http",
+         why="the swap's canary probes (greedy, through the server's own tokenizer manager)"),
+    Hook(f"{_TM}.generate_request", USE, "(self, obj, request=)", "draft-http",
+         why="sends a canary probe like /generate does"),
     # both sides: this plugin's IPC message types
     Hook("sglang.srt.managers.io_struct.BaseReq", USE, CLASS, "draft",
          why="base of the info request/answer structs (msgspec, tagged by class name)"),
@@ -207,6 +212,11 @@ HOOKS: tuple[Hook, ...] = (
          "(self)", "draft", why="the draft's runners (role 'draft'), whose weights are hashed"),
     Hook("sglang.srt.managers.tp_worker.TpModelWorker.weight_update_runners", USE, "(self)", "draft",
          why="the target's runner: its parameter objects the draft shares are not the draft's"),
+    Hook("sglang.srt.managers.scheduler.Scheduler.is_fully_idle", USE,
+         "(self, for_health_check=, ignore_waiting=)", "draft",
+         why="a committed swap flushes the prefix cache only when nothing runs"),
+    Hook("sglang.srt.managers.scheduler.Scheduler.flush_cache", USE, "(self, empty_cache=)", "draft",
+         why="drops the prefix cache whose draft KV the old draft wrote"),
 )
 
 _BY_TARGET: dict[str, Hook] = {h.target: h for h in HOOKS}

@@ -198,7 +198,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
     current: list[str | None] = [None]
     consumed: set[str] = set()
     loaded: set[str] = set()
-    seen: list[str] = []
+    seen: dict[str, tuple[int, ...]] = {}  # name -> shape, in the order SGLang read them
     saved: dict[str, Any] = {}
     unwrapped: list[str] = []
 
@@ -221,7 +221,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
     def tap(it: Any) -> Any:
         for name, tensor in it:
             current[0] = name
-            seen.append(name)
+            seen[name] = tuple(tensor.shape)
             yield name, tensor
 
     try:
@@ -235,7 +235,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
     if unwrapped:
         logger.warning("eagle3_backend: cannot track loads of draft params %s; their consumption "
                        "was checked before start-up only", unwrapped)
-        drafts.record_load(process_plan().draft_path, str(process_plan().layout))
+        drafts.after_draft_load(seen)
         return result
     skipped = [n for n in seen if n not in consumed and "d2t" not in n and "t2d" not in n]
     layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 1) or 1)
@@ -251,7 +251,7 @@ def around_draft_load_weights(original: Callable[..., Any], model: Any, weights:
         )
     logger.info("eagle3_backend: draft weights: %d tensors, every one consumed by SGLang's loader",
                 len(seen))
-    drafts.record_load(process_plan().draft_path, str(process_plan().layout))
+    drafts.after_draft_load(seen)
     return result
 
 

@@ -124,3 +124,92 @@ def test_acceptance_counts_start_at_the_load(plan):
     drafts.record_load("/drafts/e", "[embed, layer_input:2]")
     rec = drafts.active()
     assert (rec.path, rec.verify_steps, rec.accepted_tokens) == ("/drafts/e", 0, 0)
+
+
+# ------------------------------------------------------------------------ the swap's pieces
+def test_swap_request_defaults_and_refusals():
+    req = drafts._swap_request({"path": "/d"})
+    assert (req.path, req.probes, req.tokens, req.margin, req.keep_if_worse, req.texts, req.input_ids) == (
+        "/d", drafts.PROBE_PROMPTS, drafts.PROBE_TOKENS, drafts.MARGIN, False, None, None)
+    req = drafts._swap_request({"path": "/d", "probe_input_ids": [[1, 2], [3]], "margin": 0})
+    assert (req.probes, req.input_ids, req.margin) == (2, ((1, 2), (3,)), 0.0)
+    assert drafts._swap_request({"path": "/d", "probe_texts": ["hi"], "probe_prompts": 3}).probes == 3
+
+    def refusal(body):
+        v = drafts._swap_request(body)
+        assert isinstance(v, drafts.SwapVerdict) and v.status == 400 and v.body["stage"] == "request"
+        return v.body["message"]
+
+    assert refusal([]) == 'eagle3_backend: /eagle3/draft/swap expects a JSON body {"path": DIR}; got [].'
+    assert refusal({"path": "/d", "probe_prompts": True}).startswith(
+        "eagle3_backend: /eagle3/draft/swap expects probe_prompts as an integer >= 0 (0: no canary); got ")
+    assert "expects probe_tokens as an integer in [1, 4096]" in refusal({"path": "/d", "probe_tokens": 0})
+    assert "expects keep_if_worse as true or false" in refusal({"path": "/d", "keep_if_worse": "yes"})
+    assert "expects probe_texts as a list of non-empty strings" in refusal({"path": "/d", "probe_texts": [""]})
+    assert "(not with probe_texts)" in refusal({"path": "/d", "probe_texts": ["a"], "probe_input_ids": [[1]]})
+    assert "(not with probe_texts)" in refusal({"path": "/d", "probe_input_ids": [[-1]]})
+
+
+def test_each_rank_reads_safetensors_only_and_checks_them(tmp_path):
+    from safetensors.torch import save_file
+
+    from eagle3_backend.errors import ServingError
+    from eagle3_backend.serving.swap import read_checkpoint
+
+    manifest = {"fc.weight": (4, 8), "norm.weight": (4,), "d2t": (3,)}
+    good = {"fc.weight": torch.ones(4, 8), "norm.weight": torch.ones(4), "d2t": torch.zeros(3, dtype=torch.int64)}
+
+    def write(name, tensors):
+        d = tmp_path / name
+        d.mkdir()
+        save_file(tensors, str(d / "model.safetensors"))
+        return d
+
+    got = read_checkpoint(str(write("good", good)), manifest)
+    assert set(got) == set(good) and all(torch.equal(got[k], good[k]) for k in good)
+
+    def refused(path) -> str:
+        with pytest.raises(ServingError) as err:
+            read_checkpoint(str(path), manifest)
+        return str(err.value)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "pytorch_model.bin").write_bytes(b"not read")
+    assert refused(empty) == f"{empty} has no .safetensors file (a swap never reads a pickle)"
+    odd = {"fc.weight": torch.ones(4, 9), "norm.weight": torch.ones(4), "extra": torch.ones(1)}
+    assert refused(write("odd", odd)) == (
+        "its tensors differ from the served draft's: missing ['d2t']; not in the served draft ['extra']; "
+        "other shapes: fc.weight [4, 9] (served [4, 8])")
+    nan = dict(good, **{"norm.weight": torch.tensor([1.0, float("nan"), 1.0, float("inf")])})
+    assert refused(write("nan", nan)) == "tensor(s) ['norm.weight'] hold NaN or Inf values"
+    cut = write("cut", good)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) - 7])
+    assert refused(cut).startswith("model.safetensors cannot be read (")
+    assert refused(cut).endswith("); a truncated or corrupt file")
+
+
+def test_target_owned_params_get_write_nothing_placeholders():
+    from eagle3_backend.serving.swap import _Placeholders
+
+    class Draft(torch.nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.embed = torch.nn.Embedding(4, 2)
+            self.embed.weight = shared                       # the target's own parameter object
+            self.fc = torch.nn.Linear(2, 2, bias=False)
+
+        def load_weights(self, weights):                     # SGLang's pattern: the param's loader
+            params = dict(self.named_parameters())
+            for name, w in weights:
+                p = params[name]
+                getattr(p, "weight_loader", lambda q, x: q.data.copy_(x))(p, w)
+
+    shared = torch.nn.Parameter(torch.arange(8.0).reshape(4, 2), requires_grad=False)
+    model = Draft(shared)
+    with _Placeholders(model, {id(shared)}) as ph:
+        model.load_weights([("embed.weight", torch.zeros(4, 2)), ("fc.weight", torch.full((2, 2), 3.0))])
+    assert ph.skipped == ["embed.weight"]
+    assert model.embed.weight is shared and torch.equal(shared, torch.arange(8.0).reshape(4, 2))
+    assert torch.equal(model.fc.weight, torch.full((2, 2), 3.0))
