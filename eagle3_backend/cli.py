@@ -342,7 +342,8 @@ def swap_lines(status: int, out: dict[str, Any]) -> list[str]:
     if out.get("validated"):
         lines.append(f"validated: {out['path']} on the running target")
     if "staged" in out:
-        lines.append(f"staged:    {out['staged']['seconds']:.2f} s, every rank")
+        n = out["staged"]["ranks"]
+        lines.append(f"staged:    {out['staged']['seconds']:.2f} s, checked on {n} rank{'s' * (n != 1)}")
     if "committed" in out:
         c = out["committed"]
         lines.append(f"committed: {c['seconds']:.2f} s in place; prefix cache "

@@ -528,8 +528,10 @@ class _Admin:
                 logger.exception("eagle3_backend: draft swap to %s failed", req.path)
                 v = _refused("error", f"eagle3_backend: the swap to {req.path} failed: {type(exc).__name__}: "
                              f"{exc}; {self.active_path} serves (GET {INFO_ROUTE} shows it).", status=500)
-        logger.info("eagle3_backend: draft swap %s -> %s: %s; %s", self.active_path if not v.body.get(
-            "success") else v.body.get("previous"), req.path, v.body["stage"], v.body["message"])
+        plan = checks.process_plan()
+        logger.info("eagle3_backend: draft swap %s -> %s (layout %s): %s; %s",
+                    v.body.get("previous") if v.body.get("success") else self.active_path, req.path,
+                    plan.layout if plan is not None else "?", v.body["stage"], v.body["message"])
         return v.status, v.body
 
     async def _swap(self, req: "_SwapRequest") -> SwapVerdict:
@@ -555,6 +557,7 @@ class _Admin:
                 return _refused("stage", f"eagle3_backend refuses the swap to {req.path}: "
                                 f"{'; '.join(errors)}. Nothing changed; {old} still serves.")
             if all(s.get("state") == "ready" for s in states):
+                ranks = sum(int(s["ranks"]) for s in states)
                 break
             if time.time() - started > STAGE_TIMEOUT:
                 await self.op("discard")
@@ -570,7 +573,7 @@ class _Admin:
         self.active_path = req.path
         out: dict[str, Any] = {
             "success": True, "stage": "live", "path": req.path, "previous": old, "validated": True,
-            "staged": {"seconds": staged_s}, "committed": {
+            "staged": {"seconds": staged_s, "ranks": ranks}, "committed": {
                 "seconds": max(c["seconds"] for c in commits),
                 "cache_flushed": all(c["cache_flushed"] for c in commits),
                 "left_to_target": sorted({n for c in commits for n in c["left_to_target"]})}}

@@ -352,7 +352,7 @@ def test_a_worse_draft_is_rolled_back_or_kept_when_asked(server, echo, work, pro
     assert capsys.readouterr().out == ""
     assert cli.swap_lines(200, body) == [
         f"validated: {worse} on the running target",
-        f"staged:    {body['staged']['seconds']:.2f} s, every rank",
+        f"staged:    {body['staged']['seconds']:.2f} s, checked on 1 rank",
         f"committed: {body['committed']['seconds']:.2f} s in place; prefix cache flushed",
         f"canary:    4 probe prompts x 16 tokens: acceptance {body['canary']['accept_length_before']:.3f} -> "
         f"{body['canary']['accept_length_after']:.3f} (margin 0.05); outputs identical; kept despite worse",
@@ -398,4 +398,4 @@ def test_a_swap_under_load_answers_every_request(server, draft, echo, prompts):
     info = _info(server)
     assert info["path"] == str(draft) and info["weights_sha256"] == server.draft_digest
     log = server.log_text()
-    assert f"eagle3_backend: draft swap {echo} -> {draft}: live;" in log
+    assert f"eagle3_backend: draft swap {echo} -> {draft} (layout {LAYOUT}): live; {body['message']}" in log

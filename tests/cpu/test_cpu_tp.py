@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from eagle3_backend.cpu.launch import CpuServer
+
 from cpu_drafts import make_echo_draft
-from cpu_testutil import assert_fc_input_matches_hf, assert_same_tokens, family_spec, serve_prompts
+from cpu_testutil import REPO, REQUEST_TIMEOUT, START_TIMEOUT, assert_fc_input_matches_hf, assert_same_tokens, family_spec
 
 pytestmark = [pytest.mark.server, pytest.mark.sglang]
 
@@ -33,8 +35,12 @@ def test_tp2_eagle3_equals_tp1_target_only(family, family_target, family_referen
     env = {**TP_ENV, "EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
     with ThreadPoolExecutor(1) as pool:  # the tp 1 reference starts beside it, unless cached
         ref = pool.submit(family_reference, family)
-        outs, text = serve_prompts(family_spec(target, draft, tp=2), plugin_site, tmp_path / "tp2.log",
-                                   family_prompts, env)
+        with CpuServer(family_spec(target, draft, tp=2), tmp_path / "tp2.log", start_timeout=START_TIMEOUT,
+                       pythonpath=(str(plugin_site), str(REPO)), env_extra=env) as srv:
+            outs = _run(srv, family_prompts)
+            if family == "llama":
+                _swap_on_both_ranks(srv, draft, tmp_path, family_prompts, outs)
+            text = srv.log_text()
         reference = ref.result()
     assert_same_tokens(outs, reference, f"{family} tp 2 EAGLE-3 vs tp 1 target-only")
     lengths = [float(o["meta_info"]["spec_accept_length"]) for o in outs.values()]
@@ -53,3 +59,39 @@ def test_tp2_eagle3_equals_tp1_target_only(family, family_target, family_referen
     assert len(dumps) == 2, dumps
     for dump in dumps:
         assert_fc_input_matches_hf(dump, target, layout)
+
+
+def _run(srv, prompts) -> dict[str, dict]:
+    return {name: srv.generate(ids, n, timeout=REQUEST_TIMEOUT) for name, (ids, n) in prompts.items()}
+
+
+def _swap_on_both_ranks(srv, echo, tmp_path, prompts, first) -> None:
+    """The draft swapped at tp 2: to a scrambled copy (kept although worse), then to a fresh
+    copy of the echo draft. Were a rank's shard left behind in either swap, the echo draft's
+    per-prompt acceptance would not come back exactly."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    import torch
+
+    scrambled, fresh = tmp_path / "scrambled", tmp_path / "echo-again"
+    for d in (scrambled, fresh):
+        shutil.copytree(echo, d)
+    t = load_file(str(scrambled / "model.safetensors"))
+    t["lm_head.weight"] = torch.roll(t["lm_head.weight"], 1, dims=0).contiguous()
+    save_file(t, str(scrambled / "model.safetensors"), metadata={"format": "pt"})
+    _, info = srv.get("/eagle3/draft", timeout=REQUEST_TIMEOUT)
+    probes = [ids for ids, _ in list(prompts.values())[:2]]
+    status, body = srv.post("/eagle3/draft/swap", {"path": str(scrambled), "probe_input_ids": probes,
+                                                   "probe_tokens": 16, "keep_if_worse": True}, timeout=REQUEST_TIMEOUT)
+    assert status == 200 and body["staged"]["ranks"] == 2, body
+    canary = body["canary"]
+    assert canary["accept_length_after"] < canary["accept_length_before"] - 0.5 and canary["outputs_identical"]
+    status, body = srv.post("/eagle3/draft/swap", {"path": str(fresh), "probe_prompts": 0}, timeout=REQUEST_TIMEOUT)
+    assert status == 200 and body["staged"]["ranks"] == 2 and "canary" not in body, body
+    again = _run(srv, prompts)
+    for name, out in again.items():
+        assert out["output_ids"] == first[name]["output_ids"], name
+        assert out["meta_info"]["spec_verify_ct"] == first[name]["meta_info"]["spec_verify_ct"], name
+    _, after = srv.get("/eagle3/draft", timeout=REQUEST_TIMEOUT)
+    assert after["path"] == str(fresh) and after["weights_sha256"] == info["weights_sha256"]
