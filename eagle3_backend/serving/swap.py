@@ -250,6 +250,18 @@ def _nonfinite(scheduler: Any, shared: set[int]) -> list[str]:
             if p.is_floating_point() and not bool(torch.isfinite(p).all())]
 
 
+def _sync(scheduler: Any) -> None:
+    """Waits for the device: an overlapped batch still reading the weights finishes first, and
+    the next batch (launched on SGLang's own stream) sees the copies complete."""
+    import torch
+
+    for runner in _runners(scheduler):
+        for p in runner.model.parameters():
+            if p.is_cuda:
+                torch.cuda.synchronize(p.device)
+            return
+
+
 def _flush(scheduler: Any) -> bool:
     """The prefix cache (target and draft KV) emptied when nothing runs; False otherwise."""
     try:
@@ -315,11 +327,13 @@ def _op_commit(scheduler: Any, path: str) -> dict[str, Any]:
     started = time.time()
     shared = _target_param_ids(scheduler)
     old = drafts.active()
+    _sync(scheduler)
     params, hot = _snapshot(scheduler, shared)
     skipped: list[str] = []
     error = None
     try:
         skipped = _load(scheduler, st.tensors, shared, path)
+        _sync(scheduler)
         bad = _nonfinite(scheduler, shared)
         if bad:
             error = f"parameter(s) {bad[:6]} are not finite after the load"
@@ -328,6 +342,7 @@ def _op_commit(scheduler: Any, path: str) -> dict[str, Any]:
     failed = _failures(_gather(scheduler, error))
     if failed:
         _restore(scheduler, shared, params, hot)
+        _sync(scheduler)
         _STAGED.clear()
         logger.error("eagle3_backend: draft swap to %s failed on %s; every rank kept %s", path,
                      "; ".join(failed), old.path if old else "the served draft")
@@ -348,8 +363,10 @@ def _op_rollback(scheduler: Any) -> dict[str, Any]:
         return {"ok": False, "errors": failed}
     shared = _target_param_ids(scheduler)
     current = drafts.active()
+    _sync(scheduler)
     params, hot = _snapshot(scheduler, shared)
     _restore(scheduler, shared, kept.params, kept.hot)
+    _sync(scheduler)
     if current is not None:
         _KEPT[:] = [_Kept(record=current, params=params, hot=hot)]
     drafts.record_load(kept.record.path, kept.record.layout, kept.record.manifest)

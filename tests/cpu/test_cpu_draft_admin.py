@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAYOUT = "[embed, layer_input:3, layer_input:6]"
 OTHER_LAYOUT = "[layer_input:2, layer_input:4, layer_input:5]"
 KEY = "eagle3-test-key"
-NUM_PROMPTS, NEW_TOKENS = 4, 16
+NUM_PROMPTS = 4
 START_TIMEOUT, REQUEST_TIMEOUT = 420.0, 120.0
 
 
@@ -49,10 +49,8 @@ def work(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def target(work) -> Path:
-    from eagle3_backend.cpu.tiny_targets import write_target
-
-    return write_target("llama", work / "target", echo=0.35)
+def target(family_target) -> Path:
+    return family_target("llama")
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +92,13 @@ def draft(work, echo) -> Path:
 
 @pytest.fixture(scope="module")
 def prompts(family_prompts) -> dict[str, tuple[list[int], int]]:
-    return {name: (ids, NEW_TOKENS) for name, (ids, _) in list(family_prompts.items())[:NUM_PROMPTS]}
+    return dict(list(family_prompts.items())[:NUM_PROMPTS])
 
 
 @pytest.fixture(scope="module")
-def server(target, draft, plugin_site, work):
+def server(target, draft, plugin_site, work, family_reference):
+    from concurrent.futures import ThreadPoolExecutor
+
     from cpu_testutil import family_spec
 
     spec = family_spec(target, draft)  # with the tokenizer: the canary's default probes are texts
@@ -107,9 +107,11 @@ def server(target, draft, plugin_site, work):
     srv = CpuServer(spec, work / "server.log", pythonpath=(str(plugin_site), str(REPO)),
                     start_timeout=START_TIMEOUT, api_key=KEY)
     started = time.time()
-    with srv:
-        srv.started_at = started
-        yield srv
+    with ThreadPoolExecutor(1) as pool:  # the target-only reference starts beside it, unless cached
+        ref = pool.submit(family_reference, "llama")
+        with srv:
+            srv.started_at, srv.reference = started, ref
+            yield srv
 
 
 def _launch_argv(server) -> list[str]:
@@ -130,6 +132,7 @@ def _info(server) -> dict:
 
 
 def test_info_needs_the_key_and_reports_the_draft(server, draft, prompts):
+    """(Every later run is compared with this first one, which equals target-only.)"""
     req = urllib.request.Request(server.url + "/eagle3/draft")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
@@ -147,6 +150,9 @@ def test_info_needs_the_key_and_reports_the_draft(server, draft, prompts):
     assert server.started_at <= before["loaded_at"] <= time.time()
 
     outs = _run(server, prompts)
+    reference = server.reference.result()  # the target-only server's greedy outputs
+    for name, out in outs.items():
+        assert out["output_ids"] == reference[name]["output_ids"], name
     after = _info(server)
     steps = sum(int(o["meta_info"]["spec_verify_ct"]) for o in outs.values())
     acc, acc0 = after["acceptance"], before["acceptance"]
