@@ -15,8 +15,11 @@ that uses SGLang's ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``
 for a subclass whose ``apply`` multiplies with the packed weight. The packed
 copy is made on first use and remade whenever the layer's weight tensor is
 replaced or modified in place (checked by identity and version counter on
-every call), so weight reloads and the EAGLE draft's shared embeddings stay
-correct. Embedding lookups keep using the plain weight.
+every call), and dropped by ``process_weights_after_loading``: SGLang's loaders
+write through ``param.data``, which the version counter does not see, and call
+it after every load (``/update_weights_from_disk`` included). So weight reloads,
+draft swaps (which bump the versions) and the EAGLE draft's shared embeddings
+stay correct. Embedding lookups keep using the plain weight.
 
 Few fp32 rows (2..16: a verify, a top-k draft step) go first to the C++ kernel of
 ``small_gemm`` when it builds here: measured on this project's 2-core machine over
@@ -111,6 +114,10 @@ def _method_classes():
         def apply(self, layer, x, bias=None):
             return packed_linear(layer, x, bias)
 
+        def process_weights_after_loading(self, layer):
+            super().process_weights_after_loading(layer)
+            layer.__dict__.pop(_STATE, None)  # a load wrote through .data: repack on next use
+
     class PackedCpuLMHeadMethod(UnquantizedEmbeddingMethod):
         """SGLang's unquantized embedding/LM head: lookups unchanged, logits packed.
 
@@ -120,6 +127,10 @@ def _method_classes():
 
         def apply(self, layer, x, bias=None):
             return packed_linear(layer, x, bias)
+
+        def process_weights_after_loading(self, layer):
+            super().process_weights_after_loading(layer)
+            layer.__dict__.pop(_STATE, None)  # a load wrote through .data: repack on next use
 
     return UnquantizedLinearMethod, UnquantizedEmbeddingMethod, PackedCpuLinearMethod, PackedCpuLMHeadMethod
 

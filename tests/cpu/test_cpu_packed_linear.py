@@ -53,6 +53,24 @@ def test_repacks_after_in_place_update_and_replacement(monkeypatch):
                         1e-5, 1e-5, what="after replacement")
 
 
+@pytest.mark.sglang
+@pytest.mark.parametrize("which", [2, 3])  # the linear and the LM-head method
+def test_a_load_through_data_repacks_after_sglangs_post_load_step(monkeypatch, which):
+    """SGLang's loaders copy into ``param.data`` (the version counter does not move) and then
+    call each quant method's ``process_weights_after_loading``: the packed copy follows."""
+    monkeypatch.setenv(small_gemm.ENV, "0")
+    method = packed_linear._method_classes()[which]()
+    layer = _Layer(16, 8, seed=6)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(8))
+    packed_linear.packed_linear(layer, x, None)
+    version = layer.weight._version
+    layer.weight.data.copy_(torch.full((16, 8), 0.5))
+    assert layer.weight._version == version                  # invisible to the cache's key
+    method.process_weights_after_loading(layer)
+    assert_close_report(method.apply(layer, x), F.linear(x, layer.weight), 1e-5, 1e-5,
+                        what="after a load through .data")
+
+
 def test_falls_back_on_dtype_mismatch_and_empty_input():
     layer = _Layer(16, 8, seed=5)
     x = torch.randn(3, 8, dtype=torch.float64)
