@@ -350,8 +350,9 @@ def swap_lines(status: int, out: dict[str, Any]) -> list[str]:
                      f"{'flushed' if c['cache_flushed'] else 'kept (requests were running)'}")
     if "canary" in out:
         c = out["canary"]
+        a, b = (("unmeasured" if v is None else f"{v:.3f}") for v in (c["accept_length_before"], c["accept_length_after"]))
         lines.append(f"canary:    {c['prompts']} probe prompts x {c['max_new_tokens']} tokens: acceptance "
-                     f"{c['accept_length_before']:.3f} -> {c['accept_length_after']:.3f} (margin {c['margin']}); "
+                     f"{a} -> {b} (margin {c['margin']}); "
                      f"outputs {'identical' if c['outputs_identical'] else 'DIFFER'}; {c['verdict']}")
     state = "live" if out.get("success") else out.get("stage", "failed")
     lines.append(f"result:    {state}: {out.get('message', '')}")

@@ -237,19 +237,29 @@ def weights_digest(named: Iterable[tuple[str, Any]]) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def draft_tensors(scheduler: Any) -> list[tuple[str, Any]]:
-    """The draft's own tensors: its parameters that are not the target's parameter objects
-    (SGLang hands the draft the target's embed_tokens, and with load_lm_head_from_target its
-    lm_head), and the token map it serves (``hot_token_id``, from d2t)."""
-    target_ids = set()
+def draft_runners(scheduler: Any) -> list[Any]:
+    """The scheduler's draft model runners (role 'draft' of the spec worker)."""
+    return [r for role, r in scheduler.draft_worker.weight_update_runners() if role == "draft"]
+
+
+def target_param_ids(scheduler: Any) -> set[int]:
+    """ids of the target's parameter objects; the draft shares some (embed_tokens, a shared lm_head)."""
+    ids: set[int] = set()
     for _, runner in scheduler.tp_worker.weight_update_runners():
-        target_ids |= {id(p) for p in runner.model.parameters()}
-    runners = [r for role, r in scheduler.draft_worker.weight_update_runners() if role == "draft"]
+        ids |= {id(p) for p in runner.model.parameters()}
+    return ids
+
+
+def draft_tensors(scheduler: Any) -> list[tuple[str, Any]]:
+    """The draft's own tensors: its parameters that are not the target's parameter objects,
+    and the token map it serves (``hot_token_id``, from d2t)."""
+    shared = target_param_ids(scheduler)
+    runners = draft_runners(scheduler)
     out = []
     for i, runner in enumerate(runners):
         prefix = f"{i}." if len(runners) > 1 else ""
         model = runner.model
-        out += [(prefix + n, p) for n, p in model.named_parameters() if id(p) not in target_ids]
+        out += [(prefix + n, p) for n, p in model.named_parameters() if id(p) not in shared]
         hot = getattr(model, "hot_token_id", None)
         if hot is not None:
             out.append((prefix + "hot_token_id", hot))
@@ -581,13 +591,16 @@ class _Admin:
             out["message"] = f"eagle3_backend: {req.path} serves now (no canary probes asked); {old} is kept for {ROLLBACK_ROUTE}."
             return SwapVerdict(200, out)
         after = await self._probe(req)
-        worse = after["accept_length"] < before["accept_length"] - req.margin
+        a, b = before["accept_length"], after["accept_length"]
+        worse = a is None or b is None or b < a - req.margin  # unmeasured counts as worse
         canary = {"prompts": len(before["outputs"]), "max_new_tokens": req.tokens, "margin": req.margin,
-                  "accept_length_before": before["accept_length"], "accept_length_after": after["accept_length"],
+                  "accept_length_before": a, "accept_length_after": b,
+                  "unmeasured": [before["unmeasured"], after["unmeasured"]],
                   "outputs_identical": before["outputs"] == after["outputs"]}
         out["canary"] = canary
-        fig = (f"acceptance on {canary['prompts']} probe prompts {before['accept_length']:.3f} -> "
-               f"{after['accept_length']:.3f}")
+        fig = (f"acceptance on {canary['prompts']} probe prompts {_fmt(a)} -> {_fmt(b)}"
+               + (f"; {before['unmeasured']} / {after['unmeasured']} probes came back without speculative "
+                  f"metrics" if before["unmeasured"] or after["unmeasured"] else ""))
         if worse and not req.keep_if_worse:
             back = await self.op("rollback")
             if not all(b.get("ok") for b in back):
@@ -640,10 +653,16 @@ class _Admin:
             return out
 
         outs = await asyncio.gather(*(one(p) for p in _probe_inputs(req, self.tm)))
-        steps = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
-        tokens = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
-        return {"accept_length": round(tokens / steps, 4) if steps else 1.0,
+        measured = [o["meta_info"] for o in outs if int(o["meta_info"].get("spec_verify_ct") or 0) > 0]
+        steps = sum(int(m["spec_verify_ct"]) for m in measured)
+        tokens = sum(int(m["completion_tokens"]) for m in measured)
+        return {"accept_length": round(tokens / steps, 4) if steps else None,
+                "unmeasured": len(outs) - len(measured),
                 "outputs": [o.get("output_ids", o.get("text")) for o in outs]}
+
+
+def _fmt(value: float | None) -> str:
+    return "unmeasured" if value is None else f"{value:.3f}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,17 +132,6 @@ def _failures(values: list[Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------- the draft's tensors
-def _runners(scheduler: Any) -> list[Any]:
-    return [r for role, r in scheduler.draft_worker.weight_update_runners() if role == "draft"]
-
-
-def _target_param_ids(scheduler: Any) -> set[int]:
-    ids: set[int] = set()
-    for _, runner in scheduler.tp_worker.weight_update_runners():
-        ids |= {id(p) for p in runner.model.parameters()}
-    return ids
-
-
 def _hot_holders(scheduler: Any) -> list[Any]:
     """The objects holding a device copy of the token map (the spec worker and its draft worker)."""
     import torch
@@ -161,7 +150,7 @@ def _own_params(model: Any, shared: set[int]) -> Iterator[tuple[str, Any]]:
 
 def _snapshot(scheduler: Any, shared: set[int]) -> tuple[dict[str, Any], list[Any]]:
     params, hot = {}, []
-    for i, runner in enumerate(_runners(scheduler)):
+    for i, runner in enumerate(drafts.draft_runners(scheduler)):
         for n, p in _own_params(runner.model, shared):
             params[f"{i}.{n}"] = p.detach().to("cpu", copy=True)
         h = getattr(runner.model, "hot_token_id", None)
@@ -218,7 +207,7 @@ class _Placeholders:
 def _load(scheduler: Any, tensors: dict[str, Any], shared: set[int], path: str) -> list[str]:
     """The staged tensors into every draft runner, in place; returns the names left to the target."""
     skipped: list[str] = []
-    for runner in _runners(scheduler):
+    for runner in drafts.draft_runners(scheduler):
         model = runner.model
         before = getattr(model, "hot_token_id", None)
         try:
@@ -235,7 +224,7 @@ def _load(scheduler: Any, tensors: dict[str, Any], shared: set[int], path: str) 
 
 
 def _restore(scheduler: Any, shared: set[int], params: dict[str, Any], hot: list[Any]) -> None:
-    for i, runner in enumerate(_runners(scheduler)):
+    for i, runner in enumerate(drafts.draft_runners(scheduler)):
         model = runner.model
         for n, p in _own_params(model, shared):
             p.data.copy_(params[f"{i}.{n}"].to(p.device))
@@ -246,7 +235,7 @@ def _restore(scheduler: Any, shared: set[int], params: dict[str, Any], hot: list
 def _nonfinite(scheduler: Any, shared: set[int]) -> list[str]:
     import torch
 
-    return [n for runner in _runners(scheduler) for n, p in _own_params(runner.model, shared)
+    return [n for runner in drafts.draft_runners(scheduler) for n, p in _own_params(runner.model, shared)
             if p.is_floating_point() and not bool(torch.isfinite(p).all())]
 
 
@@ -255,11 +244,9 @@ def _sync(scheduler: Any) -> None:
     the next batch (launched on SGLang's own stream) sees the copies complete."""
     import torch
 
-    for runner in _runners(scheduler):
-        for p in runner.model.parameters():
-            if p.is_cuda:
-                torch.cuda.synchronize(p.device)
-            return
+    p = next((p for r in drafts.draft_runners(scheduler) for p in r.model.parameters()), None)
+    if p is not None and p.is_cuda:
+        torch.cuda.synchronize(p.device)
 
 
 def _flush(scheduler: Any) -> bool:
@@ -325,7 +312,7 @@ def _op_commit(scheduler: Any, path: str) -> dict[str, Any]:
     if failed:
         return {"ok": False, "stage": "stage", "errors": failed}
     started = time.time()
-    shared = _target_param_ids(scheduler)
+    shared = drafts.target_param_ids(scheduler)
     old = drafts.active()
     _sync(scheduler)
     params, hot = _snapshot(scheduler, shared)
@@ -361,7 +348,7 @@ def _op_rollback(scheduler: Any) -> dict[str, Any]:
     failed = _failures(_gather(scheduler, None if kept else "no previous draft is kept"))
     if failed:
         return {"ok": False, "errors": failed}
-    shared = _target_param_ids(scheduler)
+    shared = drafts.target_param_ids(scheduler)
     current = drafts.active()
     _sync(scheduler)
     params, hot = _snapshot(scheduler, shared)

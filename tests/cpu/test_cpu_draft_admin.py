@@ -310,6 +310,7 @@ def test_swap_to_a_better_draft_goes_live(server, draft, echo, prompts):
     assert body["committed"]["cache_flushed"] is True
     assert canary["prompts"] == 4 and canary["max_new_tokens"] == 16 and canary["verdict"] == "kept"
     assert canary["outputs_identical"] is True  # fp32 greedy: the target decides every token
+    assert canary["unmeasured"] == [0, 0]  # every probe came back with SGLang's spec metrics
     assert canary["accept_length_after"] > canary["accept_length_before"] + 0.5, canary
     assert body["message"] == (
         f"eagle3_backend: {echo} serves now (acceptance on 4 probe prompts "
