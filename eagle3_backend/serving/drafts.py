@@ -637,6 +637,13 @@ class _Admin:
                      "message": f"eagle3_backend: rolled back; {self.active_path} serves, {old} is kept."}
 
     def _judge(self, path: str) -> SwapVerdict | None:
+        unsupported = unsupported_parallelism(self.server_args)
+        if unsupported:
+            cmd = restart_command(self.argv, path)
+            return _refused("compatibility", (
+                f"eagle3_backend refuses the swap to {path}: a live swap is not built for "
+                f"{' and '.join(unsupported)} (not every rank would receive its control requests); "
+                f"nothing changed, {self.active_path} still serves. Restart with: {cmd}"), restart_command=cmd)
         current = dataclasses.replace(checks.process_plan(), draft_path=self.active_path)
         launch, target = checks.launch_args(self.server_args), checks.target_of(self.server_args)
         return judge_swap(current, launch, target, path, self.argv)
@@ -659,6 +666,16 @@ class _Admin:
         return {"accept_length": round(tokens / steps, 4) if steps else None,
                 "unmeasured": len(outs) - len(measured),
                 "outputs": [o.get("output_ids", o.get("text")) for o in outs]}
+
+
+def unsupported_parallelism(server_args: Any) -> list[str]:
+    """The launch settings under which the swap's rank agreement does not hold."""
+    out = []
+    if getattr(server_args, "enable_dp_attention", False):
+        out.append("--enable-dp-attention")
+    if int(getattr(server_args, "pp_size", 1) or 1) > 1:
+        out.append(f"--pp-size {server_args.pp_size}")
+    return out
 
 
 def _fmt(value: float | None) -> str:

@@ -213,3 +213,12 @@ def test_target_owned_params_get_write_nothing_placeholders():
     assert ph.skipped == ["embed.weight"]
     assert model.embed.weight is shared and torch.equal(shared, torch.arange(8.0).reshape(4, 2))
     assert torch.equal(model.fc.weight, torch.full((2, 2), 3.0))
+
+
+def test_swap_is_refused_where_not_every_rank_gets_its_requests():
+    from types import SimpleNamespace as Args
+
+    assert drafts.unsupported_parallelism(Args(enable_dp_attention=False, pp_size=1)) == []
+    assert drafts.unsupported_parallelism(Args(tp_size=8)) == []
+    assert drafts.unsupported_parallelism(Args(enable_dp_attention=True, pp_size=2)) == [
+        "--enable-dp-attention", "--pp-size 2"]
