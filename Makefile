@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft eval-draft doctor-draft serve-cpu test test-fast ext clean
+.PHONY: setup demo draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -64,6 +64,11 @@ serve-cpu: draft $(SMOLLM2_HF)/config.json
 		--dtype float32 --max-total-tokens 4096 --host 127.0.0.1 --port 30000 \
 		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT_DIR) \
 		--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+
+# The same draft through real SGLang: target-only, then EAGLE-3, measured with SGLang's own client
+# (python -m sglang.benchmark.serving) on 16 MT-Bench first turns; JSON + PNG in benchmarks/results.
+serve-demo: draft $(SMOLLM2_HF)/config.json
+	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(DRAFT_DIR) --target $(SMOLLM2_HF)
 
 test: setup
 	$(PY) -m pytest -q tests
