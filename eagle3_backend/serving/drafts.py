@@ -555,8 +555,9 @@ class _Admin:
             before = await self._probe(req) if req.probes else None
         except ServingError as exc:
             return _refused("request", f"eagle3_backend refuses the swap to {req.path}: {exc}")
+        served = [i.get("acceptance") for i in await self.op("info")]  # the old draft, since its load
         started = time.time()
-        if not all(b.get("ok") for b in await self.op("stage", req.path)):
+        if not all(r.get("ok") for r in await self.op("stage", req.path)):
             return _refused("stage", f"eagle3_backend: another staging is still running; {old} still serves.",
                             status=409)
         while True:
@@ -583,6 +584,7 @@ class _Admin:
         self.active_path = req.path
         out: dict[str, Any] = {
             "success": True, "stage": "live", "path": req.path, "previous": old, "validated": True,
+            "previous_acceptance": served[0] if len(served) == 1 else served,
             "staged": {"seconds": staged_s, "ranks": ranks}, "committed": {
                 "seconds": max(c["seconds"] for c in commits),
                 "cache_flushed": all(c["cache_flushed"] for c in commits),
@@ -603,8 +605,8 @@ class _Admin:
                   f"metrics" if before["unmeasured"] or after["unmeasured"] else ""))
         if worse and not req.keep_if_worse:
             back = await self.op("rollback")
-            if not all(b.get("ok") for b in back):
-                errors = [e for b in back for e in b.get("errors", [])]
+            if not all(r.get("ok") for r in back):
+                errors = [e for r in back for e in r.get("errors", [])]
                 out.update(success=False, stage="rollback-failed", message=(
                     f"eagle3_backend: {req.path} did worse ({fig}) and rolling back failed "
                     f"({'; '.join(errors)}); {req.path} still serves."))

@@ -304,6 +304,10 @@ def test_swap_to_a_better_draft_goes_live(server, draft, echo, prompts):
     canary = body["canary"]
     assert body["success"] is True and body["stage"] == "live" and body["validated"] is True
     assert body["path"] == str(echo) and body["previous"] == str(draft)
+    # the old draft's own figure since its load: the runs before, and the canary's probes with it
+    served = body["previous_acceptance"]
+    assert set(served) == set(before["acceptance"])
+    assert served["verify_steps"] > before["acceptance"]["verify_steps"]
     # the checkpoint's embed_tokens went to a write-nothing placeholder: the served one is the target's
     assert "embed_tokens.weight" in _names(echo)
     assert body["committed"]["left_to_target"] == ["model.embed_tokens.weight"]
