@@ -237,6 +237,16 @@ def bundled_gguf() -> Path:
     return bundled_target_path()
 
 
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """HF model dir: the 8-layer small Llama of eagle3_backend.cpu.tiny_targets at hidden 64,
+    SmolLM2's vocab, tokenizer and chat template; SGLang serves it, eval loads it in a second.
+    tests/train overrides it with a 4-layer tied one."""
+    from eagle3_backend.cpu.tiny_targets import write_target
+
+    return write_target("llama", tmp_path_factory.mktemp("tiny_target"), hidden_size=64)
+
+
 @pytest.fixture
 def tiny_target_config(tmp_path) -> Callable[..., Path]:
     """Factory: a HF config.json for a target matching the tiny drafts (overridable)."""

@@ -1,4 +1,4 @@
-"""Fixtures of the serving tests: entry-point discovery and a tiny target model directory.
+"""Fixtures of the serving tests: entry-point discovery (``tiny_target_dir`` is tests/conftest.py's).
 
 ``plugin_site``: a directory that makes SGLang's entry-point discovery see this
 package. When eagle3-backend is pip-installed (``make`` does ``pip install -e .``)
@@ -20,10 +20,3 @@ from serving_launch import make_plugin_site
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sys.path entry under which importlib.metadata finds the package's entry points."""
     return make_plugin_site(tmp_path_factory.mktemp("plugin_site"))
-
-
-@pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving_drafts import write_tiny_target_dir
-
-    return write_tiny_target_dir(tmp_path_factory.mktemp("tiny_target"))
