@@ -19,10 +19,8 @@ class Op(NamedTuple):
 
 
 OPS: tuple[Op, ...] = (
-    Op("gather_concat", "gather_concat.py", "gather_concat.py", "gather_concat.cu",
-       "test_gather_concat.py", "bench_gather_concat.py"),
-    Op("capture_into", "gather_concat.py", "gather_concat.py", "gather_concat.cu",
-       "test_gather_concat.py", "bench_gather_concat.py"),
+    Op("capture_into", "capture_into.py", "capture_into.py", "capture_into.cu",
+       "test_capture_into.py", "bench_capture_into.py"),
     Op("verify_tree_greedy", "verify_tree.py", "verify_tree.py", "verify_tree_greedy.cu",
        "test_verify_tree.py", "bench_verify_tree.py"),
 )
@@ -31,3 +29,4 @@ OP_NAMES: tuple[str, ...] = tuple(op.name for op in OPS)
 BINDINGS = "ops.cpp"
 #: What the extension compiles, relative to csrc/: each kernel file once, then the bindings.
 CUDA_SOURCES: tuple[str, ...] = (*dict.fromkeys(op.cuda for op in OPS), BINDINGS)
+
