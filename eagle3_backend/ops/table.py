@@ -1,11 +1,15 @@
 """Every op of eagle3_backend.ops and the files it lives in: the one table that the
-package (``OPS``), the extension loader (``_ext``), setup.py, tests/ops and docs read.
+package (``OPS``), the extension loader (``_ext``), setup.py, tests/ops and docs read,
+and where the CUDA toolkit that compiles them is.
 
-Plain Python with no imports, so setup.py reads it without torch.
+Standard library only, so setup.py reads it without torch.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -30,3 +34,18 @@ BINDINGS = "ops.cpp"
 #: What the extension compiles, relative to csrc/: each kernel file once, then the bindings.
 CUDA_SOURCES: tuple[str, ...] = (*dict.fromkeys(op.cuda for op in OPS), BINDINGS)
 
+
+def find_cuda_home() -> Path | None:
+    """Toolkit root: $CUDA_HOME/$CUDA_PATH, else the one holding nvcc and cuda_runtime.h."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for home in candidates:
+        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
+            return home
+    return None
