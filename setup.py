@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import warnings
@@ -30,31 +29,24 @@ ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 DEFAULT_ARCHS = "8.0;9.0;12.0"
 
-def _cuda_sources() -> list[str]:
-    """csrc/ files to compile, from the ops table (eagle3_backend/ops/table.py; no torch needed)."""
+def _table() -> dict:
+    """eagle3_backend/ops/table.py's names (standard library only: no torch needed)."""
     table: dict = {}
     exec((ROOT / "eagle3_backend" / "ops" / "table.py").read_text(encoding="utf-8"), table)
-    return [f"csrc/{name}" for name in table["CUDA_SOURCES"]]
+    return table
+
+
+def _cuda_sources() -> list[str]:
+    """csrc/ files to compile, from the ops table."""
+    return [f"csrc/{name}" for name in _table()["CUDA_SOURCES"]]
+
+
+def find_cuda_home() -> Path | None:
+    return _table()["find_cuda_home"]()
 
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def find_cuda_home() -> Path | None:
-    """Toolkit root: $CUDA_HOME/$CUDA_PATH, else the one holding nvcc's headers."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    candidates = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
-    candidates.append(Path("/usr/local/cuda"))
-    for home in candidates:
-        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
-            return home
-    return None
 
 
 def nvcc_version(nvcc: Path) -> tuple[int, int] | None:

@@ -5,7 +5,7 @@ nodes, so first-child / next-sibling links are in ascending node order as SGLang
 builds them), the target agreeing with the draft on a random path. Every
 backend's outputs are checked equal to ``torch`` (the reference) before it is
 timed; reported: median microseconds per call for each batch size B. Uses the
-timing and environment helpers of bench_gather_concat.py; writes
+timing and environment helpers of bench_capture_into.py; writes
 benchmarks/results/verify_tree_<gpu>.csv.
 
 GPU:   python benchmarks/bench_verify_tree.py
@@ -25,7 +25,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:  # run from a checkout without installing
         sys.path.insert(0, str(p))
 
-from bench_gather_concat import available_providers, environment, parse_common, time_ms, write_csv  # noqa: E402
+from bench_capture_into import available_providers, environment, parse_common, time_ms, write_csv  # noqa: E402
 
 from eagle3_backend.ops import allocate_verify_outputs, verify_tree_greedy  # noqa: E402
 

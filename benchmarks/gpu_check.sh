@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One prepared GPU run for issue 3: the GPU-marked kernel tests, then the
-# gather_concat (CSV + PNG) and verify_tree_greedy (CSV) benchmarks. Needs torch with CUDA, triton and nvcc;
+# capture_into (CSV + PNG) and verify_tree_greedy (CSV) benchmarks. Needs torch with CUDA, triton and nvcc;
 # not sglang. Builds the CUDA extension on the fly for this GPU's arch only
 # (a few tens of seconds on 16 cores). The benchmark runs even when a test
 # fails (device time is scarce); the exit status is the tests' if they failed,
 # else the benchmark's.
 #   bash benchmarks/gpu_check.sh                   # from the repository root
 #   RESULTS_DIR="$OUT" bash benchmarks/gpu_check.sh  # lent device: results (and the test log) come back
-# Extra arguments go to bench_gather_concat.py (e.g. --n 1 64 8192 --rep 50).
+# Extra arguments go to bench_capture_into.py (e.g. --n 1 64 8192 --rep 50).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -25,7 +25,7 @@ PYEOF
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -q --maxfail=10 tests/ops -m gpu -p no:cacheprovider >"$RESULTS_DIR/gpu_tests.log" 2>&1
 tests=$?
 tail -25 "$RESULTS_DIR/gpu_tests.log"
-$PY benchmarks/bench_gather_concat.py --out-dir "$RESULTS_DIR" "$@"
+$PY benchmarks/bench_capture_into.py --out-dir "$RESULTS_DIR" "$@"
 bench=$?
 $PY benchmarks/bench_verify_tree.py --out-dir "$RESULTS_DIR" || bench=$?
 echo "gpu_check: tests exit $tests, benchmark exit $bench; results in $RESULTS_DIR"

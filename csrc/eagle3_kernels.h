@@ -13,25 +13,6 @@ enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
-// Sources per launch; callers split larger K into several launches.
-constexpr int kMaxSources = 8;
-
-// out[n, k*hidden + h] = cast(src[k][index[n], h]) for n < num_rows, k < num_sources.
-// Strides are in elements; the last dimension of every tensor is contiguous.
-struct GatherConcatParams {
-  const void* src[kMaxSources];
-  int64_t src_row_stride[kMaxSources];
-  int32_t num_sources;
-  const void* index;  // nullptr: row n reads source row n
-  bool index_is_int64;
-  void* out;
-  int64_t out_row_stride;
-  int64_t num_rows;
-  int64_t hidden;
-  DType in_dtype;
-  DType out_dtype;
-};
-
 // buffer[t, col + h] = cast(round_to_in_dtype(hidden[t, h] + residual[t, h])).
 struct CaptureIntoParams {
   const void* hidden;
@@ -64,12 +45,7 @@ struct VerifyTreeParams {
   int64_t max_accept;
 };
 
-cudaError_t launch_gather_concat(const GatherConcatParams& p, cudaStream_t stream);
 cudaError_t launch_capture_into(const CaptureIntoParams& p, cudaStream_t stream);
 cudaError_t launch_verify_tree_greedy(const VerifyTreeParams& p, cudaStream_t stream);
-
-// Vector width (elements per access) the gather launch picks for these
-// params: the widest of 16/8/4/2-byte accesses every row start allows.
-int gather_concat_vector_elems(const GatherConcatParams& p);
 
 }  // namespace eagle3

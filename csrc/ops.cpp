@@ -11,7 +11,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -32,7 +31,7 @@ DType to_dtype(const at::Tensor& t, const std::string& name) {
 
 void check_cuda(const at::Tensor& t, const std::string& name, const at::Device& device) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but out is on ", device);
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but the other tensors are on ", device);
 }
 
 void check_rows(const at::Tensor& t, const std::string& name) {
@@ -52,64 +51,6 @@ void check_tree(const at::Tensor& t, const std::string& name, int64_t batch, int
 
 void throw_on(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "eagle3::", op, " launch failed: ", cudaGetErrorString(err));
-}
-
-void gather_concat(at::TensorList sources, const std::optional<at::Tensor>& index,
-                   at::Tensor& out) {
-  TORCH_CHECK(!sources.empty(), "sources must hold at least one tensor");
-  check_rows(out, "out");
-  const DType out_dtype = to_dtype(out, "out");
-  const at::Tensor& first = sources[0];
-  check_rows(first, "sources[0]");
-  const DType in_dtype = to_dtype(first, "sources[0]");
-  const int64_t rows = first.size(0);
-  const int64_t hidden = first.size(1);
-  const int64_t k_total = static_cast<int64_t>(sources.size());
-  for (int64_t k = 0; k < k_total; ++k) {
-    const std::string name = "sources[" + std::to_string(k) + "]";
-    const at::Tensor& s = sources[k];
-    check_rows(s, name);
-    TORCH_CHECK(s.scalar_type() == first.scalar_type(), name, " has dtype ", s.scalar_type(),
-                " but sources[0] has ", first.scalar_type());
-    TORCH_CHECK(s.size(0) == rows && s.size(1) == hidden, name, " has shape ", s.sizes(),
-                " but sources[0] has ", first.sizes());
-  }
-  int64_t num_rows = rows;
-  if (index.has_value()) {
-    const at::Tensor& idx = *index;
-    TORCH_CHECK(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong,
-                "index must be int32 or int64, got ", idx.scalar_type());
-    TORCH_CHECK(idx.dim() == 1, "index must be 1-D [N], got shape ", idx.sizes());
-    TORCH_CHECK(idx.is_contiguous(), "index must be contiguous");
-    num_rows = idx.size(0);
-  }
-  TORCH_CHECK(out.size(0) == num_rows && out.size(1) == k_total * hidden, "out must be [",
-              num_rows, ", ", k_total * hidden, "], got ", out.sizes());
-  // Devices last, so that dtype/shape errors read the same on every device.
-  TORCH_CHECK(out.is_cuda(), "out must be a CUDA tensor, got device ", out.device());
-  const at::Device device = out.device();
-  for (int64_t k = 0; k < k_total; ++k) check_cuda(sources[k], "sources[" + std::to_string(k) + "]", device);
-  if (index.has_value()) check_cuda(*index, "index", device);
-
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  for (int64_t k0 = 0; k0 < k_total; k0 += kMaxSources) {
-    GatherConcatParams p{};
-    p.num_sources = static_cast<int32_t>(std::min<int64_t>(kMaxSources, k_total - k0));
-    for (int i = 0; i < p.num_sources; ++i) {
-      p.src[i] = sources[k0 + i].data_ptr();
-      p.src_row_stride[i] = sources[k0 + i].stride(0);
-    }
-    p.index = index.has_value() ? index->data_ptr() : nullptr;
-    p.index_is_int64 = index.has_value() && index->scalar_type() == at::kLong;
-    p.out = static_cast<char*>(out.data_ptr()) + k0 * hidden * out.element_size();
-    p.out_row_stride = out.stride(0);
-    p.num_rows = num_rows;
-    p.hidden = hidden;
-    p.in_dtype = in_dtype;
-    p.out_dtype = out_dtype;
-    throw_on(launch_gather_concat(p, stream), "gather_concat");
-  }
 }
 
 void capture_into(at::Tensor& buffer, int64_t slot, const at::Tensor& hidden,
@@ -208,7 +149,6 @@ void verify_tree_greedy(at::Tensor& predicts, at::Tensor& accept_index, at::Tens
 }  // namespace
 
 TORCH_LIBRARY(eagle3, m) {
-  m.def("gather_concat(Tensor[] sources, Tensor? index, Tensor(a!) out) -> ()");
   m.def("capture_into(Tensor(a!) buffer, int slot, Tensor hidden, Tensor? residual) -> ()");
   m.def(
       "verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, "
@@ -219,13 +159,11 @@ TORCH_LIBRARY(eagle3, m) {
 // CUDA is the real implementation. CPU runs the same checks, so a CPU call
 // fails with a message naming the tensor instead of a dispatcher error.
 TORCH_LIBRARY_IMPL(eagle3, CUDA, m) {
-  m.impl("gather_concat", &gather_concat);
   m.impl("capture_into", &capture_into);
   m.impl("verify_tree_greedy", &verify_tree_greedy);
 }
 
 TORCH_LIBRARY_IMPL(eagle3, CPU, m) {
-  m.impl("gather_concat", &gather_concat);
   m.impl("capture_into", &capture_into);
   m.impl("verify_tree_greedy", &verify_tree_greedy);
 }

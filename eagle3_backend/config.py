@@ -45,8 +45,10 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-#: Short names the command line also takes (``--dtype bf16``).
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Other names for them: short ones and torch's own (``torch.half``), as config.json files
+#: and ``verify.targets.parse_dtype`` take them.
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                 "float": "float32"}
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -213,7 +213,7 @@ class Collector:
 
     def write(self, hidden: torch.Tensor) -> None:
         """Copy one captured state (hidden: [T, H]) into its slot."""
-        from eagle3_backend.ops.gather_concat import capture_into
+        from eagle3_backend.ops.capture_into import capture_into
 
         slot, _ = self._next(hidden)
         capture_into(self.buffer, slot, hidden)

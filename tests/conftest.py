@@ -1,4 +1,5 @@
-"""Shared fixtures: GPU marker handling and tiny draft checkpoints in every format.
+"""Shared fixtures: GPU marker handling, tiny draft checkpoints in every format, the small
+target dir (``tiny_target_dir``) and the entry-point site (``plugin_site``) of the server tests.
 
 ``make_draft_checkpoint(fmt=..., layout=..., ...)`` (fixture, bound to tmp_path)
 writes a seeded, randomly initialised tiny draft (hidden 64, target vocab 512,
@@ -235,6 +236,27 @@ def bundled_gguf() -> Path:
     from eagle3_backend.target import bundled_target_path
 
     return bundled_target_path()
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory) -> Path:
+    """A PYTHONPATH entry under which SGLang finds this package's declared entry points: empty
+    when the installed distribution declares them (``pip install -e .``), else a dist-info
+    generated from pyproject.toml (eagle3_backend.cpu.launch.entry_point_site)."""
+    from eagle3_backend.cpu.launch import entry_point_site
+
+    root = Path(__file__).resolve().parents[1]
+    return entry_point_site(root / "pyproject.toml", tmp_path_factory.mktemp("plugin_site"))
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """HF model dir: the 8-layer small Llama of eagle3_backend.cpu.tiny_targets at hidden 64,
+    SmolLM2's vocab, tokenizer and chat template; SGLang serves it, eval loads it in a second.
+    tests/train overrides it with a 4-layer tied one."""
+    from eagle3_backend.cpu.tiny_targets import write_target
+
+    return write_target("llama", tmp_path_factory.mktemp("tiny_target"), hidden_size=64)
 
 
 @pytest.fixture

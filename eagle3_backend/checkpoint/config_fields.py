@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from eagle3_backend.config import DTYPES, DraftConfig
+from eagle3_backend.config import DTYPE_ALIASES, DTYPES, DraftConfig
 from eagle3_backend.errors import CheckpointError, Eagle3Error
 from eagle3_backend.layout import Layout
-
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
-                  "fp32": "float32", "float": "float32"}
 
 
 class Fields:
@@ -101,7 +98,7 @@ def config_dtype(raw: Mapping[str, Any], where: str) -> tuple[str | None, list[s
     names = {}
     for key, value in found.items():
         name = str(value).removeprefix("torch.")
-        names[key] = _DTYPE_ALIASES.get(name, name)
+        names[key] = DTYPE_ALIASES.get(name, name)
     if len(set(names.values())) > 1:
         notes.append(f"{where}: config says torch_dtype {found['torch_dtype']!r} but dtype "
                      f"{found['dtype']!r}; the tensors' own dtype is used")

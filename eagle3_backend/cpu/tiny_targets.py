@@ -110,14 +110,16 @@ FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
 
 
 def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "float32",
-                 echo: float = 0.0, hidden_size: int | None = None) -> Path:
+                 echo: float = 0.0, hidden_size: int | None = None, layers: int | None = None,
+                 tied: bool = False) -> Path:
     """Write the small ``family`` target to ``out`` (reused when already written the same way).
 
     ``echo`` > 0 adds ``echo`` x the token embedding to the lm_head, so that greedy output
     repeats its current token in runs (at 0.35 about 85-90% of tokens on every family, with
     switches between runs): a target on which a draft that proposes "the same token again"
     is accepted, and sometimes rejected. ``hidden_size`` replaces the family's 128 (attention
-    and expert shapes are set on their own and stay).
+    and expert shapes are set on their own and stay), ``layers`` its 8 (not for gpt_oss, whose
+    layer types are listed); ``tied`` makes the lm_head the input embedding.
     """
     import torch
     import transformers
@@ -130,7 +132,8 @@ def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "floa
         raise TargetError(f"unknown small-target family {family!r}; expected one of "
                           f"{', '.join(FAMILIES)}.")
     out = Path(out)
-    stamp = {"family": family, "seed": seed, "dtype": dtype, "echo": echo, "hidden_size": hidden_size}
+    stamp = {"family": family, "seed": seed, "dtype": dtype, "echo": echo,
+             "hidden_size": hidden_size, "layers": layers, "tied": tied}
     marker = out / _DONE
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return out
@@ -138,6 +141,9 @@ def write_target(family: str, out: str | Path, seed: int = 0, dtype: str = "floa
     config = build(transformers)
     if hidden_size is not None:
         config.hidden_size = hidden_size
+    if layers is not None:
+        config.num_hidden_layers = layers
+    config.tie_word_embeddings = tied
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     _randomize_router_biases(model, seed)

@@ -1,9 +1,7 @@
-"""Fused kernels of eagle3_backend, each with a torch reference, Triton and CUDA.
+"""Kernels of eagle3_backend, each with a torch reference, Triton and CUDA.
 
-    gather_concat(sources, index=None, out=None, out_dtype=None, backend=None)
-        -> [N, K*H] fc input from K hidden states            (gather_concat.py)
     capture_into(buffer, slot, hidden, residual=None, backend=None)
-        -> writes hidden + residual into slot k of [T, K*H]  (gather_concat.py)
+        -> writes hidden + residual into slot k of [T, K*H]  (capture_into.py)
     verify_tree_greedy(predicts, accept_index, accept_token_num, candidates,
         retrieve_index, retrieve_next_token, retrieve_next_sibling,
         target_predict, backend=None)                         (verify_tree.py)
@@ -19,7 +17,7 @@ import torch
 
 from eagle3_backend.ops import _dispatch, _ext
 from eagle3_backend.ops._dispatch import BACKENDS, ENV_VAR
-from eagle3_backend.ops.gather_concat import capture_into, gather_concat
+from eagle3_backend.ops.capture_into import capture_into
 from eagle3_backend.ops.table import OP_NAMES as OPS
 from eagle3_backend.ops.verify_tree import VerifyOutputs, allocate_verify_outputs, verify_tree_greedy
 
@@ -56,6 +54,5 @@ __all__ = [
     "capture_into",
     "describe_backends",
     "extension_status",
-    "gather_concat",
     "verify_tree_greedy",
 ]

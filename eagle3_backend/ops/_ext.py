@@ -14,12 +14,11 @@ import functools
 import importlib
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from eagle3_backend.ops.table import CUDA_SOURCES, OP_NAMES
+from eagle3_backend.ops.table import CUDA_SOURCES, OP_NAMES, find_cuda_home
 
 logger = logging.getLogger(__name__)
 
@@ -86,21 +85,6 @@ def origin() -> str | None:
     return _state["origin"] if _state["loaded"] else None  # type: ignore[return-value]
 
 
-def _toolkit_root() -> Path | None:
-    """$CUDA_HOME, else the toolkit holding nvcc and cuda_runtime.h."""
-    if os.environ.get("CUDA_HOME"):
-        return Path(os.environ["CUDA_HOME"])
-    candidates = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
-    candidates.append(Path("/usr/local/cuda"))
-    for home in candidates:
-        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
-            return home
-    return None
-
-
 def load_library(path: str | os.PathLike) -> bool:
     """Load a built extension library from ``path`` (e.g. a build/ tree) and register fakes."""
     if available():
@@ -121,7 +105,7 @@ def jit_build(*, verbose: bool = False, build_dir: str | None = None) -> bool:
     """
     if available():
         return True
-    home = _toolkit_root()
+    home = find_cuda_home()
     if home is not None and not os.environ.get("CUDA_HOME"):
         os.environ["CUDA_HOME"] = str(home)
     from torch.utils import cpp_extension

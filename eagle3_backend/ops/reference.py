@@ -2,31 +2,12 @@
 
 Each function here is what the Triton and CUDA kernels must reproduce bit for
 bit. They run on any device (CPU included) and take already-validated inputs;
-the public functions in ``gather_concat.py`` / ``verify_tree.py`` validate.
+the public functions in ``capture_into.py`` / ``verify_tree.py`` validate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-
-
-def gather_concat_ref(
-    sources: Sequence[torch.Tensor],
-    index: torch.Tensor | None,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """out[:, k*H:(k+1)*H] = sources[k][index].to(out.dtype), for every k.
-
-    sources: K tensors [T, H]; index: [N] int32/int64 or None (all T rows);
-    out: [N, K*H] (written in place and returned).
-    """
-    hidden = sources[0].shape[1]
-    for k, src in enumerate(sources):
-        rows = src if index is None else src.index_select(0, index.long())  # [N, H]
-        out[:, k * hidden : (k + 1) * hidden].copy_(rows.to(out.dtype))
-    return out
 
 
 def capture_into_ref(

@@ -1,11 +1,15 @@
 """Every op of eagle3_backend.ops and the files it lives in: the one table that the
-package (``OPS``), the extension loader (``_ext``), setup.py, tests/ops and docs read.
+package (``OPS``), the extension loader (``_ext``), setup.py, tests/ops and docs read,
+and where the CUDA toolkit that compiles them is.
 
-Plain Python with no imports, so setup.py reads it without torch.
+Standard library only, so setup.py reads it without torch.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -19,10 +23,8 @@ class Op(NamedTuple):
 
 
 OPS: tuple[Op, ...] = (
-    Op("gather_concat", "gather_concat.py", "gather_concat.py", "gather_concat.cu",
-       "test_gather_concat.py", "bench_gather_concat.py"),
-    Op("capture_into", "gather_concat.py", "gather_concat.py", "gather_concat.cu",
-       "test_gather_concat.py", "bench_gather_concat.py"),
+    Op("capture_into", "capture_into.py", "capture_into.py", "capture_into.cu",
+       "test_capture_into.py", "bench_capture_into.py"),
     Op("verify_tree_greedy", "verify_tree.py", "verify_tree.py", "verify_tree_greedy.cu",
        "test_verify_tree.py", "bench_verify_tree.py"),
 )
@@ -31,3 +33,19 @@ OP_NAMES: tuple[str, ...] = tuple(op.name for op in OPS)
 BINDINGS = "ops.cpp"
 #: What the extension compiles, relative to csrc/: each kernel file once, then the bindings.
 CUDA_SOURCES: tuple[str, ...] = (*dict.fromkeys(op.cuda for op in OPS), BINDINGS)
+
+
+def find_cuda_home() -> Path | None:
+    """Toolkit root: $CUDA_HOME/$CUDA_PATH, else the one holding nvcc and cuda_runtime.h."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for home in candidates:
+        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
+            return home
+    return None

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from eagle3_backend.config import DTYPES
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
 from eagle3_backend.verify.report import write_text_atomic
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 DATA_FORMAT_VERSION = 1
-_STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +280,8 @@ def generate_sequences(target: Any, prompts: Sequence[Any], layout: Layout | str
     if max_new_tokens < 1 or batch_size < 1 or max_prompt_tokens < 1:
         raise Eagle3Error(f"max_new_tokens ({max_new_tokens}), batch_size ({batch_size}) and "
                           f"max_prompt_tokens ({max_prompt_tokens}) must all be >= 1.")
-    if store_dtype not in _STORE_DTYPES:
-        raise Eagle3Error(f"store_dtype {store_dtype!r} not in {sorted(_STORE_DTYPES)}.")
+    if store_dtype not in DTYPES:
+        raise Eagle3Error(f"store_dtype {store_dtype!r} not in {sorted(DTYPES)}.")
     encoded, skipped = encode_prompts(target.tokenizer, prompts, max_prompt_tokens=max_prompt_tokens,
                                       chat_template=chat_template, limit=num_prompts)
     if not encoded:
@@ -306,7 +306,7 @@ def generate_sequences(target: Any, prompts: Sequence[Any], layout: Layout | str
             truncated = True
             break
         seqs, cut = generate_batch(target, [e[1] for e in batch], [e[0] for e in batch],
-                                   layout, max_new_tokens, _STORE_DTYPES[store_dtype], deadline)
+                                   layout, max_new_tokens, DTYPES[store_dtype], deadline)
         sequences.extend(seqs)
         truncated |= cut
         if bar is not None:

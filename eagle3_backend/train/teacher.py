@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from eagle3_backend.config import DTYPES
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
 from eagle3_backend.train.data import DataSequence
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 TEACHER_FORMAT_VERSION = 1
-_STORE = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _ROLE = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
          "assistant": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
          "bot": "assistant", "system": "system"}
@@ -413,7 +413,7 @@ def fill_cache(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
                    unit_scale=True, smoothing=0.05)
     done = 0
     pos = cache.next_conversation
-    store = _STORE[store_dtype]
+    store = DTYPES[store_dtype]
     try:
         while done < need and pos < len(convs):
             if deadline is not None and time.perf_counter() > deadline:

@@ -1,4 +1,4 @@
-"""Fixtures of the CPU tier: registered ops, entry-point site, the converted SmolLM2 target."""
+"""Fixtures of the CPU tier: registered ops, the converted SmolLM2 target (``plugin_site``: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,6 @@ def sgl_ops():
 
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory) -> Path:
-    """A PYTHONPATH entry under which SGLang finds this package's declared entry points."""
-    from eagle3_backend.cpu.launch import entry_point_site
-
-    return entry_point_site(REPO / "pyproject.toml", tmp_path_factory.mktemp("plugin_site"))
 
 
 @pytest.fixture(scope="session")

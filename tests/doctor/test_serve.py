@@ -6,10 +6,10 @@ End to end against a real SGLang server: tests/cpu/test_cpu_doctor_serve.py.
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 
+from eagle3_backend.cpu.launch import free_port
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.doctor.serve import (
     PromptResult,
@@ -119,9 +119,7 @@ def test_check_server_refuses_bad_input_before_any_generation(smollm2, serve, tm
     draft = tmp_path / "never-read"
     with pytest.raises(Eagle3Error, match=rf"^2 of the 2 prompts .* needs at least {MIN_PROMPTS}"):
         check_server(URL, draft, smollm2, _mtbench(2))
-    with socket.socket() as s:          # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on
     with pytest.raises(Eagle3Error, match=rf"cannot read /server_info from {closed}: .* Is an SGLang server"):
         check_server(closed, draft, smollm2, _mtbench(MIN_PROMPTS))
     srv = serve(spec=False)             # a target-only server: nothing to compare

@@ -67,19 +67,20 @@ def test_every_cu_file_compiles_for_sm90_and_sm120(compiled_objects):
             assert f"sm_{arch}" in listing, f"{name} has no sm_{arch} code:\n{listing}"
 
 
-def test_gather_kernel_uses_16_byte_accesses(compiled_objects):
-    """The bf16 -> bf16 vector kernel moves data with 128-bit loads and stores."""
+def test_capture_kernel_uses_16_byte_accesses(compiled_objects):
+    """The bf16 -> bf16 vector kernels (with and without a residual) move data with
+    128-bit loads and stores."""
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump not available")
     sass = subprocess.run(
-        [cuobjdump, "-sass", "-arch", "sm_120", str(compiled_objects["gather_concat.cu"])],
+        [cuobjdump, "-sass", "-arch", "sm_120", str(compiled_objects["capture_into.cu"])],
         capture_output=True, text=True, check=True,
     ).stdout
     functions = re.split(r"\n\s*Function : ", sass)
-    vector = [f for f in functions if re.match(r"\S*gather_concat_kernelI13__nv_bfloat16S\d_Li8E", f)]
-    assert len(vector) == 1, "bf16 -> bf16 vector kernel not found in sm_120 SASS"
-    assert "LDG.E.128" in vector[0] and "STG.E.128" in vector[0]
+    vector = [f for f in functions if re.match(r"\S*capture_into_kernelI13__nv_bfloat16S\d_Li8ELb[01]E", f)]
+    assert len(vector) == 2, "bf16 -> bf16 vector kernels not found in sm_120 SASS"
+    assert all("LDG.E.128" in f and "STG.E.128" in f for f in vector)
 
 
 def test_cuda_kernels_do_not_spill(compiled_objects):
@@ -102,20 +103,18 @@ _LOAD_CHECK = textwrap.dedent(
     from eagle3_backend.ops import _ext
     assert _ext.load_library(sys.argv[1]), _ext.load_error()
     ops = torch.ops.eagle3
-    assert "Tensor(a!) out" in str(ops.gather_concat.default._schema)
+    assert "Tensor(a!) buffer" in str(ops.capture_into.default._schema)
     # Fake kernels: meta tensors trace through without touching data.
     meta = dict(device="meta")
-    ops.gather_concat([torch.empty(4, 8, **meta)], torch.empty(2, dtype=torch.long, **meta),
-                      torch.empty(2, 8, **meta))
     ops.capture_into(torch.empty(4, 16, **meta), 1, torch.empty(4, 8, **meta), None)
     # Input checks run before the device check and name the tensor.
-    src = [torch.zeros(4, 8)]
+    hidden = torch.zeros(4, 8)
     cases = [
-        (lambda: ops.gather_concat(src, torch.zeros(2), torch.empty(2, 8)), "index must be int32 or int64"),
-        (lambda: ops.gather_concat(src + [torch.zeros(4, 9)], None, torch.empty(4, 17)), "sources[1] has shape"),
-        (lambda: ops.gather_concat(src, None, torch.empty(3, 8)), "out must be [4, 8]"),
-        (lambda: ops.gather_concat(src, None, torch.empty(4, 8)), "out must be a CUDA tensor"),
-        (lambda: ops.capture_into(torch.empty(4, 16), 2, src[0], None), "slot must be in [0, 2)"),
+        (lambda: ops.capture_into(torch.empty(4, 16), 2, hidden, None), "slot must be in [0, 2)"),
+        (lambda: ops.capture_into(torch.empty(4, 17), 0, hidden, None), "buffer width 17 is not a multiple"),
+        (lambda: ops.capture_into(torch.empty(3, 16), 0, hidden, None), "buffer has 3 rows but hidden has 4"),
+        (lambda: ops.capture_into(torch.empty(4, 16), 0, hidden, torch.zeros(4, 9)), "residual has shape"),
+        (lambda: ops.capture_into(torch.empty(4, 16), 0, hidden, None), "buffer must be a CUDA tensor"),
         (lambda: ops.verify_tree_greedy(*[torch.zeros(1, dtype=torch.int32)] * 3, *[torch.zeros(1, 1)] * 5),
          "candidates must be a CUDA tensor"),
     ]

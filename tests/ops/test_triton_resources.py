@@ -3,7 +3,7 @@
 Triton compiles for sm_120 and sm_90 on this CPU machine. Each config is held
 to sm_120's 101,376 bytes of shared memory per block (``metadata.shared``) and
 to no register spills (the cubin's resource table: sm_120 has no wgmma, so a
-GEMM tile's accumulators sit in registers), and the copy kernels to 16-byte
+GEMM tile's accumulators sit in registers), and the copy kernel to 16-byte
 global loads and stores. The probe tests first show each measurement is real:
 pipelining stages of a GEMM tile show up in the shared-memory figure, a config
 too big for sm_120 is caught, and a tile too big for the register file spills.
@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from eagle3_backend.ops.triton import gather_concat as triton_gather  # noqa: E402
+from eagle3_backend.ops.triton import capture_into as triton_capture  # noqa: E402
 from eagle3_backend.ops.triton import verify_tree as triton_verify  # noqa: E402
 from eagle3_backend.ops.triton.resources import (  # noqa: E402
     SM120_SHARED_LIMIT,
@@ -90,7 +90,7 @@ _ONE_WARP = types.SimpleNamespace(num_warps=1, num_stages=1)  # the verify kerne
 
 
 def _variants():
-    for name, body, types, consts, config in triton_gather.launch_variants():
+    for name, body, types, consts, config in triton_capture.launch_variants():
         yield pytest.param(name, body, types, consts, config, id=f"{name}-{_config_id(config)}")
     yield pytest.param("verify_tree_greedy", triton_verify._verify_tree_greedy_kernel, _VERIFY_TYPES, {},
                        _ONE_WARP, id="verify_tree_greedy")
@@ -128,15 +128,13 @@ def test_config_fits_shared_memory_and_registers(name, body, types, consts, conf
 
 
 @pytest.mark.parametrize("name, body, types, consts, config",
-                         [v for v in _variants() if v.values[0] in ("gather_concat", "capture_into")])
-def test_copy_kernels_move_data_in_16_byte_accesses(name, body, types, consts, config):
-    """At H % 16 == 0 (7168) every data load and store is ld/st.global.v4.b32; the
-    only other global access is the gather's one int64 index load per row."""
+                         [v for v in _variants() if v.values[0] == "capture_into"])
+def test_copy_kernel_moves_data_in_16_byte_accesses(name, body, types, consts, config):
+    """At H % 16 == 0 (7168) every global load and store is ld/st.global.v4.b32."""
     ptx = _compile(name, body, types, consts, config, 120).asm["ptx"]
     accesses = collections.Counter(re.findall(r"\b((?:ld|st)\.global[\w.]*)", ptx))
-    expected_other = {"ld.global.b64": 1} if name == "gather_concat" else {}
     other = {op: n for op, n in accesses.items() if not op.endswith(".v4.b32")}
-    assert other == expected_other, f"{name} {config}: non-16-byte global accesses {other}"
+    assert other == {}, f"{name} {config}: non-16-byte global accesses {other}"
     assert accesses["ld.global.v4.b32"] > 0 and accesses["st.global.v4.b32"] > 0, accesses
 
 
@@ -146,7 +144,7 @@ def test_kernels_use_only_triton_builtins():
     triton.language.standard (tl.zeros, tl.sum, ...) are themselves jit
     functions fixed at import to one of the two modes and break the other,
     so kernels may call only builtins."""
-    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_gather.KERNEL_BODIES.values(), _probe_matmul]
+    bodies = [triton_verify._verify_tree_greedy_kernel, *triton_capture.KERNEL_BODIES.values(), _probe_matmul]
     for body in bodies:
         for node in ast.walk(ast.parse(inspect.getsource(body))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

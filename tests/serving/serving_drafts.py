@@ -48,7 +48,7 @@ def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": 1,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-        "vocab_size": vocab, "draft_vocab_size": DRAFT_VOCAB, "max_position_embeddings": 2048,
+        "vocab_size": vocab, "draft_vocab_size": DRAFT_VOCAB, "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "float32",
         "target_hidden_size": HIDDEN, "hidden_act": "silu", "rope_theta": 10000.0,
     }
@@ -101,20 +101,3 @@ def write_draft(path: Path, *, layout: list[str] | None = ("embed", "layer_input
     save_file(tensors, str(path / "model.safetensors"))
     return path
 
-
-def write_tiny_target_dir(path: Path, layers: int = TARGET_LAYERS) -> Path:
-    """A random tiny Llama target SGLang loads, with SmolLM2's tokenizer (read from its GGUF)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from eagle3_backend.target import bundled_target_path
-
-    gguf = bundled_target_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
-                      num_hidden_layers=layers, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                      max_position_embeddings=2048, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path

@@ -5,15 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import tomllib
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Iterator
+
+from eagle3_backend.cpu.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -25,21 +25,11 @@ def declared_entry_points() -> dict[str, dict[str, str]]:
     return {group: dict(eps) for group, eps in project.get("entry-points", {}).items()}
 
 
-def _installed(group: str, name: str, value: str) -> bool:
-    return any(ep.name == name and ep.value == value for ep in entry_points(group=group))
-
-
 def subprocess_env(plugin_site: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE3_", "SGLANG_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(plugin_site), str(REPO)])
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -132,24 +122,3 @@ def _stop_group(proc: subprocess.Popen) -> None:
             proc.poll()  # reap the launcher so the group can empty
             time.sleep(0.2)
     proc.wait(timeout=5)
-
-
-
-
-def make_plugin_site(site: Path) -> Path:
-    """Fill ``site`` so importlib.metadata finds the package's declared entry points (see conftest)."""
-    declared = declared_entry_points()
-    if all(_installed(g, n, v) for g, eps in declared.items() for n, v in eps.items()):
-        return site  # the real installed distribution already declares them
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    info = site / f"eagle3_backend-{project['version']}.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    lines = []
-    for group, eps in declared.items():
-        lines.append(f"[{group}]")
-        lines += [f"{name} = {value}" for name, value in eps.items()]
-        lines.append("")
-    (info / "entry_points.txt").write_text("\n".join(lines))
-    return site

@@ -2,15 +2,13 @@
 
 * ``smol_target``: the bundled SmolLM2-135M-Instruct GGUF loaded once per session in
   fp32 (about 20 s; every identity test shares it).
-* ``tiny_target_dir``: an 8-layer random Llama saved as a HF model dir with the SmolLM2
-  tokenizer (chat template included): loads in about a second, for CLI / eval runs.
+* ``tiny_target_dir`` (tests/conftest.py): an 8-layer random Llama HF model dir with the
+  SmolLM2 tokenizer (chat template included): loads in about a second, for CLI / eval runs.
 * one torch thread per test: on a loaded 2-core machine two OpenMP threads spin
   against each other and a 135M forward goes from 0.1 s to several seconds.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,27 +25,6 @@ def smol_target(bundled_gguf):
 
     torch.set_num_threads(1)
     return load_target(bundled_gguf, "float32", "cpu")
-
-
-TINY_TARGET_LAYERS = 8
-
-
-@pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory, smol_target) -> Path:
-    """HF model dir: LlamaForCausalLM, 8 layers, hidden 64, SmolLM2's vocab and tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-target")
-    cfg = LlamaConfig(
-        vocab_size=smol_target.vocab_size, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=TINY_TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(out)
-    smol_target.tokenizer.save_pretrained(out)
-    return out
 
 
 @pytest.fixture

@@ -5,12 +5,12 @@ and a closed port."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
 from sglang_peer import tokens_for
 
+from eagle3_backend.cpu.launch import free_port
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.verify.bench import BenchSettings, run_benchmark, run_level
 
@@ -76,10 +76,7 @@ def test_timeout_never_hangs(serve):
 
 
 def test_connection_refused_is_reported(serve):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{free_port()}"
     level = asyncio.run(run_level(url, PROMPTS[:2], 2, BenchSettings(timeout_s=5)))
     assert all(not r.ok and r.error.startswith("connection:") for r in level.requests)
     assert level.server_info_error is not None
@@ -107,9 +104,7 @@ def test_benchmark_spec_vs_baseline(serve):
 
 def test_benchmark_with_dead_baseline_reports_errors(serve):
     spec = serve()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     out = run_benchmark(spec.url, PROMPTS[:2], [1], BenchSettings(timeout_s=5), baseline_url=dead,
                         warmup=0)
     assert out["levels"][0]["speedup"] is None

@@ -112,11 +112,9 @@ def test_bench_cli_failures_exit_1_and_are_listed(capsys, tmp_path, serve, promp
 
 # --------------------------------------------------------------------------- bad input, before the run
 def _closed_port_url() -> str:
-    import socket
+    from eagle3_backend.cpu.launch import free_port
 
-    with socket.socket() as s:  # bound, never listening: connections are refused
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"  # bound once, never listening: connections are refused
 
 
 def test_unwritable_results_place_is_refused_before_the_run(capsys, tmp_path, prompts_file):

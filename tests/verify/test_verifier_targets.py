@@ -69,6 +69,7 @@ def test_load_target_errors(tmp_path):
     with pytest.raises(TargetError, match="unknown dtype"):
         parse_dtype("float8")
     assert parse_dtype("bf16") == torch.bfloat16
+    assert parse_dtype("half") == torch.float16  # torch.half, as config.json files write it
 
 
 def test_unreadable_gguf_target_is_one_sentence(tmp_path):

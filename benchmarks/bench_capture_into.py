@@ -1,21 +1,22 @@
-"""Benchmark: building the draft fc input [N, K*H] from K hidden states.
+"""Benchmark: building the draft fc input [N, K*H] at capture time from K layers.
 
-Providers (each checked bit for bit against "torch" before it is timed):
-  torch        K index_selects + torch.cat (the older SGLang path)
+Each captured layer input is ``hidden + residual`` [N, H]; the fc input is the K
+of them side by side. Providers (each checked bit for bit against "torch" before
+it is timed):
+  torch        K sums + torch.cat (SGLang's AuxHiddenStateList path)
   sglang_pack  SGLang's AuxHiddenStatePacker semantics, implemented here (no
-               sglang import): copy each capture into a preallocated
-               [T, K*H] buffer, then index_select the accepted rows
-  triton       eagle3_backend.ops.gather_concat(backend="triton")
-  cuda         eagle3_backend.ops.gather_concat(backend="cuda") (csrc/; built
+               sglang import): each sum copied into slot k of a preallocated
+               [N, K*H] buffer
+  triton       K eagle3_backend.ops.capture_into(backend="triton") calls
+  cuda         K eagle3_backend.ops.capture_into(backend="cuda") calls (csrc/; built
                on the fly with torch.utils.cpp_extension if setup.py was not run)
 
-Reports time, GB/s of the op's useful traffic (N*K*H*itemsize read + the same
-written) and that as a fraction of the device-to-device copy bandwidth
-measured in the same run. Writes CSV (+ PNG if matplotlib is present) to
-benchmarks/results/. T = N source rows and the index is a random permutation.
+Reports time, GB/s of the op's useful traffic (2*N*K*H*itemsize read + N*K*H*itemsize
+written) and that as a fraction of the device-to-device copy bandwidth measured in the
+same run. Writes CSV (+ PNG if matplotlib is present) to benchmarks/results/.
 
-GPU:   python benchmarks/bench_gather_concat.py
-CPU smoke (tests): TRITON_INTERPRET=1 python benchmarks/bench_gather_concat.py \
+GPU:   python benchmarks/bench_capture_into.py
+CPU smoke (tests): TRITON_INTERPRET=1 python benchmarks/bench_capture_into.py \
            --device cpu --n 1 4 --hidden 64 --rep 2 --warmup 1
 """
 
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from eagle3_backend.ops import _ext, gather_concat  # noqa: E402
+from eagle3_backend.ops import _ext, capture_into  # noqa: E402
 
 DEFAULT_N = (1, 4, 16, 64, 256, 1024, 4096, 8192)
 PROVIDERS = ("torch", "sglang_pack", "triton", "cuda")
@@ -50,23 +51,29 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # ---- the baselines -------------------------------------------------------------------------
 
 
-def torch_index_cat(sources: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    return torch.cat([src.index_select(0, index) for src in sources], dim=1)  # [N, K*H]
+def torch_sum_cat(hiddens: list[torch.Tensor], residuals: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([h + r for h, r in zip(hiddens, residuals)], dim=1)  # [N, K*H]
 
 
-class PackThenSelect:
-    """AuxHiddenStatePacker semantics: each capture is copied into slot k of a
-    preallocated [T, K*H] buffer as the target runs; the accepted rows are then
-    selected from the packed buffer."""
+class PackEachCapture:
+    """AuxHiddenStatePacker semantics: each capture's sum is copied into slot k of a
+    preallocated [N, K*H] buffer as the target runs."""
 
     def __init__(self, rows: int, width: int, k: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.buffer = torch.empty(rows, k * width, dtype=dtype, device=device)  # [T, K*H]
+        self.buffer = torch.empty(rows, k * width, dtype=dtype, device=device)  # [N, K*H]
         self.width = width
 
-    def __call__(self, sources: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-        for k, src in enumerate(sources):
-            self.buffer[:, k * self.width : (k + 1) * self.width].copy_(src)
-        return self.buffer.index_select(0, index)
+    def __call__(self, hiddens: list[torch.Tensor], residuals: list[torch.Tensor]) -> torch.Tensor:
+        for k, (h, r) in enumerate(zip(hiddens, residuals)):
+            self.buffer[:, k * self.width : (k + 1) * self.width].copy_(h + r)
+        return self.buffer
+
+
+def capture_all(buffer: torch.Tensor, hiddens: list[torch.Tensor], residuals: list[torch.Tensor],
+                backend: str) -> torch.Tensor:
+    for slot, (h, r) in enumerate(zip(hiddens, residuals)):
+        capture_into(buffer, slot, h, r, backend=backend)
+    return buffer
 
 
 # ---- timing --------------------------------------------------------------------------------
@@ -125,7 +132,7 @@ def _nvcc_version() -> str:
     return out.strip().splitlines()[-1] if out.strip() else "none"
 
 
-def environment(device: torch.device, argv: list[str], script: str = "bench_gather_concat.py") -> dict[str, str]:
+def environment(device: torch.device, argv: list[str], script: str = "bench_capture_into.py") -> dict[str, str]:
     try:
         import triton
 
@@ -178,18 +185,20 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     generator = torch.Generator().manual_seed(0)
     rows_out = []
     for n in args.n:
-        sources = [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device) for _ in range(args.k)]
-        index = torch.randperm(n, generator=generator).to(device)
-        useful_bytes = 2 * n * args.k * args.hidden * sources[0].element_size()
+        def states() -> list[torch.Tensor]:
+            return [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device) for _ in range(args.k)]
+
+        hiddens, residuals = states(), states()
+        useful_bytes = 3 * n * args.k * args.hidden * hiddens[0].element_size()
         out = torch.empty(n, args.k * args.hidden, dtype=dtype, device=device)
-        packer = PackThenSelect(n, args.hidden, args.k, dtype, device)
+        packer = PackEachCapture(n, args.hidden, args.k, dtype, device)
         calls: dict[str, Callable[[], object]] = {
-            "torch": lambda: torch_index_cat(sources, index),
-            "sglang_pack": lambda: packer(sources, index),
-            "triton": lambda: gather_concat(sources, index, out=out, backend="triton"),
-            "cuda": lambda: gather_concat(sources, index, out=out, backend="cuda"),
+            "torch": lambda: torch_sum_cat(hiddens, residuals),
+            "sglang_pack": lambda: packer(hiddens, residuals),
+            "triton": lambda: capture_all(out, hiddens, residuals, "triton"),
+            "cuda": lambda: capture_all(out, hiddens, residuals, "cuda"),
         }
-        expected = torch_index_cat(sources, index)
+        expected = torch_sum_cat(hiddens, residuals)
         base_ms = None
         for name in providers:
             result = calls[name]()
@@ -231,7 +240,7 @@ def write_csv(rows: list[dict[str, object]], header: dict[str, str], out_dir: Pa
 
 def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: float, out_dir: Path,
                   tag: str | None, plot: bool) -> Path:
-    csv_path = write_csv(rows, {**env, "copy_GBps": f"{copy_gbs:.2f}"}, out_dir, "gather_concat", tag)
+    csv_path = write_csv(rows, {**env, "copy_GBps": f"{copy_gbs:.2f}"}, out_dir, "capture_into", tag)
     if plot:
         try:
             import matplotlib
@@ -247,10 +256,10 @@ def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: 
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.axhline(copy_gbs, color="gray", linestyle="--", label=f"d2d copy {copy_gbs:.0f} GB/s")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("N (rows gathered)")
+        ax.set_xlabel("N (rows captured)")
         ax.set_ylabel("GB/s (read + write)")
         first = rows[0] if rows else {}
-        ax.set_title(f"gather_concat K={first.get('K')} H={first.get('H')} {first.get('dtype')}\n"
+        ax.set_title(f"capture_into K={first.get('K')} H={first.get('H')} {first.get('dtype')}\n"
                      f"{env['device']} | torch {env['torch']} | triton {env['triton']}", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)

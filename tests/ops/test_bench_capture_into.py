@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/bench_gather_concat.py on CPU (tiny sizes)."""
+"""Smoke test of benchmarks/bench_capture_into.py on CPU (tiny sizes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kernel_testutil import load_benchmark
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("bench_gather_concat")
+    return load_benchmark("bench_capture_into")
 
 
 def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
@@ -20,7 +20,7 @@ def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
                              "--no-plot", "--no-jit"])
     rows = bench.run(args)
     assert {r["provider"] for r in rows} == {"torch", "sglang_pack", "triton"}  # no cuda
-    lines = (tmp_path / "gather_concat_smoke.csv").read_text().splitlines()
+    lines = (tmp_path / "capture_into_smoke.csv").read_text().splitlines()
     header = [ln for ln in lines if ln.startswith("#")]
     assert any(ln.startswith("# torch: ") for ln in header)
     assert any(ln.startswith("# command: ") and "--device cpu" in ln for ln in header)
@@ -30,16 +30,18 @@ def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
 
 
 def test_bench_baselines_agree_and_wrong_kernel_is_refused(bench, tmp_path, monkeypatch):
-    sources = [torch.randn(6, 8).to(torch.bfloat16) for _ in range(3)]
-    index = torch.tensor([5, 0, 3])
-    packed = bench.PackThenSelect(6, 8, 3, torch.bfloat16, torch.device("cpu"))(sources, index)
-    assert torch.equal(packed, bench.torch_index_cat(sources, index))
-    assert torch.equal(packed, torch.cat([s[index] for s in sources], dim=1))
+    hiddens = [torch.randn(6, 8).to(torch.bfloat16) for _ in range(3)]
+    residuals = [torch.randn(6, 8).to(torch.bfloat16) for _ in range(3)]
+    packed = bench.PackEachCapture(6, 8, 3, torch.bfloat16, torch.device("cpu"))(hiddens, residuals)
+    assert torch.equal(packed, bench.torch_sum_cat(hiddens, residuals))
+    assert torch.equal(packed, torch.cat([h + r for h, r in zip(hiddens, residuals)], dim=1))
+    out = torch.empty(6, 24, dtype=torch.bfloat16)
+    assert torch.equal(bench.capture_all(out, hiddens, residuals, "torch"), packed)
 
-    def wrong(sources, index, out, backend):
-        return out.zero_()
+    def wrong(buffer, slot, hidden, residual, backend):
+        return buffer.zero_()
 
-    monkeypatch.setattr(bench, "gather_concat", wrong)
+    monkeypatch.setattr(bench, "capture_into", wrong)
     args = bench.parse_args(["--device", "cpu", "--n", "4", "--hidden", "8", "--rep", "1", "--warmup", "0",
                              "--copy-mib", "1", "--out-dir", str(tmp_path), "--no-plot", "--no-jit",
                              "--providers", "torch", "triton"])

@@ -1,12 +1,12 @@
-// Fused row gather + concat of K hidden-state sources, and the capture-time
-// write of hidden + residual into one slot of a packed [T, K*H] buffer.
+// The capture-time write of hidden + residual into one slot of the packed
+// [T, K*H] fc-input buffer.
 //
-// One launch for all K sources: grid = (rows * tiles, K). Each thread moves
-// UNROLL 16-byte vectors (loads first, then stores); the part of a row that
-// is not a whole number of vectors is copied element by element by the row's
-// last tile. When some row start is not 16-byte aligned the launcher picks the
-// element-wise kernel instead (same result, slower). Casts go through float
-// with round-to-nearest-even, exactly like torch's Tensor.to.
+// grid = rows * tiles. Each thread moves UNROLL 16-byte vectors (loads first,
+// then stores); the part of a row that is not a whole number of vectors is
+// copied element by element by the row's last tile. When some row start is not
+// 16-byte aligned the launcher picks the element-wise kernel instead (same
+// result, slower). Casts go through float with round-to-nearest-even, exactly
+// like torch's Tensor.to.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -58,40 +58,6 @@ __device__ __forceinline__ void store_converted(TOut* dst, const Pack<TIn, VEC>&
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) out.v[i] = Convert<TIn, TOut>::run(in.v[c * kChunk + i]);
     reinterpret_cast<Pack<TOut, kChunk>*>(dst)[c] = out;
-  }
-}
-
-template <typename TIn, typename TOut, int VEC>
-__global__ void __launch_bounds__(kMaxThreads)
-    gather_concat_kernel(const __grid_constant__ GatherConcatParams p, int64_t tiles_per_row) {
-  const int64_t row = blockIdx.x / tiles_per_row;
-  const int64_t tile = blockIdx.x - row * tiles_per_row;
-  const int k = blockIdx.y;
-  int64_t src_row = row;
-  if (p.index != nullptr) {
-    src_row = p.index_is_int64 ? static_cast<const int64_t*>(p.index)[row]
-                               : static_cast<int64_t>(static_cast<const int32_t*>(p.index)[row]);
-  }
-  const TIn* src = static_cast<const TIn*>(p.src[k]) + src_row * p.src_row_stride[k];
-  TOut* dst = static_cast<TOut*>(p.out) + row * p.out_row_stride + k * p.hidden;
-
-  const int64_t num_vec = p.hidden / VEC;
-  const int64_t first = tile * static_cast<int64_t>(blockDim.x) * kUnroll + threadIdx.x;
-  Pack<TIn, VEC> buf[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t v = first + static_cast<int64_t>(u) * blockDim.x;
-    if (v < num_vec) buf[u] = reinterpret_cast<const Pack<TIn, VEC>*>(src)[v];
-  }
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t v = first + static_cast<int64_t>(u) * blockDim.x;
-    if (v < num_vec) store_converted<TIn, TOut, VEC>(dst + v * VEC, buf[u]);
-  }
-  if (tile == tiles_per_row - 1) {  // scalar tail: hidden % VEC elements
-    for (int64_t h = num_vec * VEC + threadIdx.x; h < p.hidden; h += blockDim.x) {
-      dst[h] = Convert<TIn, TOut>::run(src[h]);
-    }
   }
 }
 
@@ -157,23 +123,6 @@ void plan(int64_t hidden, int vec, int* threads, int64_t* tiles) {
 }
 
 template <typename TIn, typename TOut>
-cudaError_t gather_typed(const GatherConcatParams& p, int vec, cudaStream_t stream) {
-  int threads = 0;
-  int64_t tiles = 0;
-  plan(p.hidden, vec, &threads, &tiles);
-  const int64_t blocks = p.num_rows * tiles;
-  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.num_sources));
-  constexpr int kVec = static_cast<int>(16 / sizeof(TIn));
-  if (vec == kVec) {
-    gather_concat_kernel<TIn, TOut, kVec><<<grid, threads, 0, stream>>>(p, tiles);
-  } else {
-    gather_concat_kernel<TIn, TOut, 1><<<grid, threads, 0, stream>>>(p, tiles);
-  }
-  return cudaGetLastError();
-}
-
-template <typename TIn, typename TOut>
 cudaError_t capture_typed(const CaptureIntoParams& p, int vec, cudaStream_t stream) {
   int threads = 0;
   int64_t tiles = 0;
@@ -210,12 +159,6 @@ cudaError_t dispatch_dtypes(DType in, DType out, Args&&... args) {
 }
 
 template <typename TIn, typename TOut>
-struct GatherFn {
-  static cudaError_t run(const GatherConcatParams& p, int vec, cudaStream_t s) {
-    return gather_typed<TIn, TOut>(p, vec, s);
-  }
-};
-template <typename TIn, typename TOut>
 struct CaptureFn {
   static cudaError_t run(const CaptureIntoParams& p, int vec, cudaStream_t s) {
     return capture_typed<TIn, TOut>(p, vec, s);
@@ -223,27 +166,6 @@ struct CaptureFn {
 };
 
 }  // namespace
-
-int gather_concat_vector_elems(const GatherConcatParams& p) {
-  const int in_size = dtype_size(p.in_dtype);
-  const int out_size = dtype_size(p.out_dtype);
-  const int vec = 16 / in_size;
-  const int64_t in_bytes = 16;
-  const int64_t out_bytes = vec * out_size < 16 ? vec * out_size : 16;
-  bool ok = aligned(p.out, out_bytes) && (p.out_row_stride * out_size) % out_bytes == 0;
-  if (p.num_sources > 1) ok = ok && (p.hidden * out_size) % out_bytes == 0;
-  for (int k = 0; k < p.num_sources && ok; ++k) {
-    ok = aligned(p.src[k], in_bytes) && (p.src_row_stride[k] * in_size) % in_bytes == 0;
-  }
-  return ok ? vec : 1;
-}
-
-cudaError_t launch_gather_concat(const GatherConcatParams& p, cudaStream_t stream) {
-  if (p.num_sources < 1 || p.num_sources > kMaxSources) return cudaErrorInvalidValue;
-  if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
-  const int vec = gather_concat_vector_elems(p);
-  return dispatch_dtypes<GatherFn>(p.in_dtype, p.out_dtype, p, vec, stream);
-}
 
 cudaError_t launch_capture_into(const CaptureIntoParams& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.hidden_size == 0) return cudaSuccess;
