@@ -153,7 +153,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     target = _target(args.target)
     launch = LaunchArgs(args.speculative_algorithm, str(args.ckpt),
                         num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-                        num_draft_tokens=args.speculative_num_draft_tokens)
+                        num_draft_tokens=args.speculative_num_draft_tokens,
+                        context_length=args.context_length)
     verdict = judge(args.ckpt, target, args=launch, allow_pickle=args.allow_pickle,
                     ids_as=args.ids_as)
     problems = [str(f) for f in verdict.errors]
@@ -410,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("EAGLE", "EAGLE3"))
     for flag in ("num-steps", "eagle-topk", "num-draft-tokens"):
         launch.add_argument(f"--speculative-{flag}", type=int, metavar="N")
+    launch.add_argument("--context-length", type=int, metavar="N",
+                        help="SGLang's --context-length (default: the target's own)")
     ckpt_opts(sp)
     sp.set_defaults(func=cmd_validate)
 

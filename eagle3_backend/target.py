@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from eagle3_backend.errors import TargetError
 
@@ -52,6 +52,31 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
 _GGUF_GATING_SIGMOID = 2
 
 
+#: The config keys SGLang 0.5.23 reads a context length from, in its order of preference.
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                "max_position_embeddings")
+
+
+def sglang_context_length(config: Mapping[str, Any]) -> int:
+    """The context length SGLang 0.5.23 derives from a (text) config.json: the first of
+    :data:`CONTEXT_KEYS` present, times the rope_scaling ``factor`` unless that scaling records
+    ``original_max_position_embeddings`` or is llama3 type; 2048 when none is present.
+
+    A draft whose derived length is below the target's (or ``--context-length``) is refused
+    by SGLang at start-up, so the check suite compares the two the same way."""
+    rope = config.get("rope_scaling")
+    factor = 1.0
+    if isinstance(rope, Mapping) and rope:
+        factor = float(rope.get("factor", 1) or 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1.0
+    for key in CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(factor * value)
+    return 2048
+
+
 @dataclass(frozen=True, slots=True)
 class TargetInfo:
     """The target model's shape, as far as an EAGLE-3 draft is concerned."""
@@ -70,6 +95,7 @@ class TargetInfo:
     rope_theta: float | None = None
     max_position_embeddings: int | None = None
     source_format: str = "hf-config"  # or "gguf"
+    context_length: int | None = None  # SGLang's derived context length (sglang_context_length)
 
     def __post_init__(self) -> None:
         for name in ("num_hidden_layers", "hidden_size", "vocab_size"):
@@ -184,6 +210,7 @@ class TargetInfo:
             rope_theta=rope_theta,
             max_position_embeddings=opt("max_position_embeddings", int),
             source_format="hf-config",
+            context_length=sglang_context_length(text),
         )
 
     @classmethod
@@ -301,6 +328,7 @@ def _read_gguf(path: str) -> TargetInfo:
         rms_norm_eps=opt(f"{arch}.attention.layer_norm_rms_epsilon", float),
         rope_theta=opt(f"{arch}.rope.freq_base", float),
         max_position_embeddings=opt(f"{arch}.context_length", int),
+        context_length=opt(f"{arch}.context_length", int),
         source_format="gguf",
     )
     logger.debug("read GGUF target %s: %s", path, info)

@@ -233,6 +233,8 @@ def test_validate_lists_every_problem(make_draft_checkpoint, bundled_gguf, capsy
         ": vocab_size (the target vocabulary it predicts into) is 60000; expected 49152",
         "d2t maps",
         ": records the target layer count 40; expected 30, that of target",
+        ": its derived context length (max_position_embeddings, SGLang's rule) is 256; expected at "
+        "least the target's context length 8192. SGLang 0.5.23 refuses to start the draft.",
     ]
     assert len(problems) == len(wanted), problems
     for want, got in zip(wanted, problems):
@@ -247,17 +249,25 @@ def test_validate_text_and_bad_target(make_draft_checkpoint, tmp_path, capsys):
                                 "hidden_size": 64, "vocab_size": 512,
                                 "max_position_embeddings": 4096}))
     code, out, err = run(capsys, "validate", ckpt, "--target", good)
-    assert code == 0
-    assert (f"note: draft {ckpt}: max_position_embeddings is 256; expected at least the "
-            f"target's 4096. SGLang stops at start-up unless --context-length <= 256 is given.\n"
-            ) in out
+    assert code == 1  # what the server says: SGLang refuses a draft shorter than the target
+    assert out == (
+        f"NOT SERVABLE: {ckpt} on {good.resolve()} (LlamaForCausalLM, 30 layers, hidden 64, vocab 512): "
+        f"1 problem(s)\n  - draft {ckpt}: its derived context length (max_position_embeddings, "
+        f"SGLang's rule) is 256; expected at least the target's context length 4096. SGLang 0.5.23 "
+        f"refuses to start the draft. Launch with --context-length 256 (or less), or set "
+        f"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to run the draft past its trained length, or "
+        f"record max_position_embeddings >= 4096 in its config.json.\n")
+    code, out, err = run(capsys, "validate", ckpt, "--target", good, "--context-length", "256")
+    assert code == 0 and out.startswith(f"OK: {ckpt} can be served on ")
+    code, out, err = run(capsys, "validate", ckpt, "--target", good, "--context-length", "257")
+    assert code == 1 and "expected at least --context-length 257." in out
     small = tmp_path / "s.json"
     small.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 20,
                                  "hidden_size": 64, "vocab_size": 512}))
     code, out, err = run(capsys, "validate", ckpt, "--target", small)
     assert code == 1
     assert out.startswith(f"NOT SERVABLE: {ckpt} on {small} (LlamaForCausalLM, 20 layers, hidden "
-                          f"64, vocab 512): 2 problem(s)")
+                          f"64, vocab 512): 3 problem(s)")  # the third: context 256 < 2048 (no key: SGLang says 2048)
     code, out, err = run(capsys, "validate", ckpt, "--target", tmp_path / "missing.gguf")
     assert code == 2 and "does not exist" in err
 

@@ -47,6 +47,7 @@ class LaunchArgs:
     num_steps: int | None = None  # --speculative-num-steps (None: not resolved, not checked)
     topk: int | None = None  # --speculative-eagle-topk
     num_draft_tokens: int | None = None  # --speculative-num-draft-tokens
+    context_length: int | None = None  # --context-length (None: the target's own)
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -116,7 +117,43 @@ def judge(path: str | os.PathLike[str], target: TargetInfo, *, args: LaunchArgs 
                       else (loaded.layout, loaded.layout_source))
     names = stored_tensor_names(ckpt) if loaded.format == "sglang" else None
     findings += architecture + check_draft(loaded, target, layout, names)
+    findings += check_context(loaded, target, args)
     return Verdict(tuple(findings), loaded, layout, source)
+
+
+#: SGLang's switch that lets a draft run past its own derived context length.
+LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+def check_context(loaded: Any, target: TargetInfo, args: LaunchArgs | None,
+                  env: Mapping[str, str] | None = None) -> list[Finding]:
+    """SGLang 0.5.23 gives the draft the server's context length (``--context-length``, else
+    the target's derived one) and refuses to start when the draft's own derived length
+    (:func:`eagle3_backend.target.sglang_context_length`) is shorter."""
+    from eagle3_backend.target import sglang_context_length
+
+    env = os.environ if env is None else env
+    given = args.context_length if args is not None else None
+    served = given if given is not None else target.context_length
+    if not served:
+        return []
+    raw = loaded.raw_config if loaded.format == "sglang" and loaded.raw_config else {
+        "max_position_embeddings": loaded.config.max_position_embeddings}
+    own = sglang_context_length(raw)
+    if own >= served:
+        return []
+    where = f"draft {loaded.path}"
+    what = f"--context-length {given}" if given is not None else f"the target's context length {served}"
+    if str(env.get(LONGER_CONTEXT_ENV, "")).lower() in ("1", "true"):
+        return [Finding("context-length", f"{where}: its derived context length is", own,
+                        f"at least {what}", f"{LONGER_CONTEXT_ENV} is set: SGLang raises the draft's "
+                        f"max_position_embeddings to {served}; positions past {own} were never trained.",
+                        severity=NOTE)]
+    return [Finding(
+        "context-length", f"{where}: its derived context length (max_position_embeddings, SGLang's "
+        "rule) is", own, f"at least {what}", f"SGLang 0.5.23 refuses to start the draft. Launch "
+        f"with --context-length {own} (or less), or set {LONGER_CONTEXT_ENV}=1 to run the draft "
+        f"past its trained length, or record max_position_embeddings >= {served} in its config.json.")]
 
 
 def check_draft(loaded: Any, target: TargetInfo, layout: Layout | None = None,
@@ -235,13 +272,7 @@ def _capture(layout: Layout, target: TargetInfo, where: str) -> list[Finding]:
 
 def _notes(loaded: Any, target: TargetInfo, layout: Layout, found: list[Finding]) -> list[Finding]:
     """What serving does that the user should know, though it serves the draft."""
-    cfg, where, out = loaded.config, f"draft {loaded.path}", []
-    if target.max_position_embeddings and cfg.max_position_embeddings < target.max_position_embeddings:
-        out.append(Finding(
-            "context-length", f"{where}: max_position_embeddings is", cfg.max_position_embeddings,
-            f"at least the target's {target.max_position_embeddings}", f"SGLang stops at "
-            f"start-up unless --context-length <= {cfg.max_position_embeddings} is given.",
-            severity=NOTE))
+    where, out = f"draft {loaded.path}", []
     if any(f.check in ("layer-range", "capture") for f in found):
         return out  # not served by the plugin either
     if loaded.format == "sglang" and loaded.sglang_ids is not None and loaded.layout_source == "explicit":

@@ -134,6 +134,7 @@ def launch_args(server_args: Any) -> LaunchArgs:
         num_steps=_int_or_none(getattr(cfg, "speculative_num_steps", None)),
         topk=_int_or_none(getattr(cfg, "speculative_eagle_topk", None)),
         num_draft_tokens=_int_or_none(getattr(cfg, "speculative_num_draft_tokens", None)),
+        context_length=_int_or_none(getattr(cfg, "context_length", None)),
     )
 
 

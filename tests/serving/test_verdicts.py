@@ -48,6 +48,10 @@ CASES = {
     "tree-size": ({}, ["--speculative-num-steps", "1", "--speculative-eagle-topk", "2",
                        "--speculative-num-draft-tokens", "16"],
                   "proposes at most 2 tokens; expected a verify step of at most 3"),
+    # stock SGLang stops at model-config time with a ValueError traceback; the plugin first
+    "context-length": (dict(config_extra={"max_position_embeddings": 1024}), TREE,
+                       "its derived context length (max_position_embeddings, SGLang's rule) is "
+                       "1024; expected at least the target's context length 4096"),
 }
 # more defects, judged in process only (each real start costs ~20 s)
 IN_PROCESS = {
