@@ -212,7 +212,7 @@ def wide_draft(tmp_path_factory, wide_prompts_file) -> Path:
 
 @pytest.fixture
 def serve():
-    """Factory: ``serve(spec=True, mode="ok", delay=0.02)`` -> a running SGLang-shaped
+    """Factory: ``serve(spec=True, mode="ok", delay=0.02, one_token="")`` -> a running SGLang-shaped
     server on 127.0.0.1 (``.url``, ``.bodies``, ``.max_inflight``; tests/verify/sglang_peer.py),
     shut down after the test."""
     from verify.sglang_peer import start_server

@@ -10,6 +10,14 @@ figures under ``sglext.spec_tokens_details``), and reads ``GET /server_info``
 Every request has a hard deadline; a refused connection, a timeout, an HTTP
 error or a body that is not the expected JSON is recorded for that request
 and the run goes on. Nothing here can hang longer than the deadline.
+
+A speculative server's answer without speculative metrics (SGLang omits every
+``spec_*`` field when it counted no verify step for the request) is counted
+and listed per level (``no_spec_metrics``), never folded into the acceptance
+length: a request that finished in its prefill (one token, e.g. an immediate
+end of sequence; SGLang decodes nothing there, so there is nothing to
+speculate) apart from one that decoded more tokens with no verify step
+counted (not speculated, or the metric lost).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = [
     "LevelResult",
     "RequestResult",
     "fetch_server_info",
+    "no_spec_metrics",
     "run_benchmark",
     "run_level",
 ]
@@ -76,6 +85,7 @@ class RequestResult:
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
     spec_histogram: list[int] | None = None
+    finish_reason: str | None = None  # "length", "stop", ... as the server says
     output_ids: list[int] | None = None  # native API only
 
 
@@ -93,10 +103,13 @@ class LevelResult:
     def ok(self) -> list[RequestResult]:
         return [r for r in self.requests if r.ok]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, speculative: bool = True) -> dict[str, Any]:
+        """Figures of the level; ``speculative`` False (a target-only server): no
+        ``no_spec_metrics`` entry (none of its answers carries them, as expected)."""
         ok = self.ok
         tokens = sum(r.completion_tokens for r in ok)
         spec = [r for r in ok if r.spec_verify_ct]
+        unmeasured = [r for r in ok if not r.spec_verify_ct]
         verify = sum(r.spec_verify_ct or 0 for r in spec)
         spec_tokens = sum(r.completion_tokens for r in spec)
         hist: list[int] = []
@@ -121,10 +134,35 @@ class LevelResult:
             "mean_latency_s": sum(r.latency_s for r in ok) / len(ok) if ok else None,
             "acceptance_length": spec_tokens / verify if verify else None,
             "spec_verify_ct": verify,
+            "n_spec_measured": len(spec),
+            "no_spec_metrics": no_spec_metrics(unmeasured) if speculative else None,
             "acceptance_histogram": hist or None,
             "server_avg_spec_accept_length": self.server_avg_spec_accept_length,
             "server_info_error": self.server_info_error,
         }
+
+
+def no_spec_metrics(unmeasured: Sequence[RequestResult]) -> dict[str, Any]:
+    """The answered requests of a speculative server that carry no speculative metrics.
+
+    ``finished_in_prefill``: at most one token, the one the prefill samples (SGLang runs
+    no decode step, so no verify step, for them); ``decoded``: more tokens, yet no verify
+    step counted. Both are request indices; their tokens are in ``completion_tokens``.
+    """
+    return {
+        "n": len(unmeasured),
+        "finished_in_prefill": [r.index for r in unmeasured if r.completion_tokens <= 1],
+        "decoded": [r.index for r in unmeasured if r.completion_tokens > 1],
+        "completion_tokens": sum(r.completion_tokens for r in unmeasured),
+        "finish_reasons": _count(r.finish_reason or "none" for r in unmeasured),
+    }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 # --------------------------------------------------------------------------- protocol
@@ -171,8 +209,13 @@ def _parse_response(api: str, data: Any) -> dict[str, Any]:
         if output_ids is not None and not (isinstance(output_ids, list)
                                            and all(isinstance(i, int) for i in output_ids)):
             raise ValueError("output_ids in the /generate response is not a list of token ids")
+        finish = meta.get("finish_reason")
+        finish = finish.get("type") if isinstance(finish, dict) else finish
     else:
         output_ids = None
+        choices = data.get("choices")
+        finish = (choices[0].get("finish_reason")
+                  if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None)
         usage = data.get("usage")
         if not isinstance(usage, dict) or "completion_tokens" not in usage:
             raise ValueError("no usage.completion_tokens in the chat completion response")
@@ -188,6 +231,7 @@ def _parse_response(api: str, data: Any) -> dict[str, Any]:
         "spec_accept_length": spec.get("spec_accept_length") if verify else None,
         "spec_verify_ct": int(verify) if verify else None,
         "spec_histogram": list(spec.get("spec_correct_drafts_histogram") or []) or None,
+        "finish_reason": finish if isinstance(finish, str) else None,
         "output_ids": output_ids,
     }
 
@@ -360,7 +404,7 @@ def run_benchmark(
             entry: dict[str, Any] = {"concurrency": c}
             for role, server in servers.items():
                 level = await run_level(server, prompts, c, settings, progress, label=role)
-                entry[role] = level.summary()
+                entry[role] = level.summary(speculative=role == "spec")
                 out["requests"].setdefault(role, {})[str(c)] = [
                     {k: v for k, v in asdict(r).items() if k != "output_ids"} for r in level.requests]
                 out["errors"].extend({"server": role, "concurrency": c, "index": r.index,

@@ -289,7 +289,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2))
     else:
-        _print_bench(result)
+        _print_bench(result, raw_text=args.api == "native" and args.tokenizer is None)
     if failed is not None:
         raise failed
     return EXIT_PROBLEMS if result["errors"] else EXIT_OK
@@ -335,7 +335,38 @@ def _write_bench_files(args: argparse.Namespace, result: dict[str, Any], name: s
     return files
 
 
-def _print_bench(result: dict[str, Any]) -> None:
+def no_spec_lines(result: dict[str, Any], raw_text: bool = False) -> list[str]:
+    """One line per level whose speculative server answered requests without speculative
+    metrics: how many, which, and that the acceptance length leaves them out."""
+    lines = []
+    for lv in result["levels"]:
+        s = lv["spec"]
+        miss = s.get("no_spec_metrics")
+        if not miss or not miss["n"]:
+            continue
+        parts = []
+        if miss["finished_in_prefill"]:
+            ids = miss["finished_in_prefill"]
+            parts.append(f"{len(ids)} finished in the prefill with at most one token, nothing to "
+                         f"speculate (requests {_ids(ids)})"
+                         + (", e.g. an immediate end of sequence on raw text without a chat "
+                            "template: pass --tokenizer TARGET" if raw_text else ""))
+        if miss["decoded"]:
+            ids = miss["decoded"]
+            parts.append(f"{len(ids)} decoded more tokens with no verify step counted, not "
+                         f"speculated or the metric lost (requests {_ids(ids)})")
+        lines.append(f"c={lv['concurrency']}: {miss['n']} of {s['n_ok']} answers carry no "
+                     f"speculative metrics (SGLang counted no verify step), left out of the "
+                     f"acceptance length, which is over the other {s['n_spec_measured']}: "
+                     + "; ".join(parts))
+    return lines
+
+
+def _ids(ids: list[int], most: int = 20) -> str:
+    return ", ".join(map(str, ids[:most])) + (f", ... ({len(ids) - most} more)" if len(ids) > most else "")
+
+
+def _print_bench(result: dict[str, Any], raw_text: bool = False) -> None:
     for role, info in result["servers"].items():
         extra = info.get("server_info") or {"error": info.get("server_info_error")}
         print(f"{role:9s} {info['url']}  {json.dumps(extra)}")
@@ -348,6 +379,8 @@ def _print_bench(result: dict[str, Any]) -> None:
               f"{_fmt(s['server_avg_spec_accept_length']):>7} "
               f"{_fmt(b['output_tokens_per_s'], '.1f') if b else 'n/a':>10} "
               f"{_fmt(lv['speedup']):>7}")
+    for line in no_spec_lines(result, raw_text):
+        print(line)
     for e in result["errors"][:20]:
         print(f"error: {e['server']} c={e['concurrency']} request {e['index']}: {e['error']}",
               file=sys.stderr)

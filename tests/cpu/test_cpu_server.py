@@ -7,7 +7,9 @@ layout with an ``embed`` slot; accepted on repetitive text), and EAGLE-3
 tree (topk 4) with the echo draft. Every request is greedy, sequential and
 time-bounded; every server process group is stopped by its fixture. The
 target-only and echo-draft servers also answer a few OpenAI-client requests
-(streaming chat, n > 1, logprobs, a stop string inside an accepted block).
+(streaming chat, n > 1, logprobs, a stop string inside an accepted block); the
+echo-draft server also answers eagle3 bench's client at concurrency 3, one of the
+prompts finishing in its prefill (no speculative metrics, listed apart).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ CLIENT_NEW_TOKENS = 16
 # ends inside the first verify block of the echo draft ("apple" from the prefill, then
 # " apple" x 4 accepted at once): the server must cut the block after the third " apple"
 CLIENT_STOP = " apple apple apple"
+# MT-Bench's 6th first turn as raw text (no chat template): SmolLM2 answers <|im_end|> at
+# once, so the request finishes in its prefill and SGLang sends no spec_* metric for it
+# (docs/sglang-notes.md#metrics); eagle3 bench must list it, not average it in
+RAW_PREFILL_ONLY = ("Write a descriptive paragraph about a bustling marketplace, incorporating sensory "
+                    "details such as smells, sounds, and visual elements to create an immersive "
+                    "experience for the reader.")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -105,6 +113,17 @@ def _client_requests(server, prompt_ids: list[int]) -> dict[str, object]:
     assert status == 200, (status, body)
     out["generate stop"] = (body["output_ids"], body["meta_info"]["finish_reason"])
     return out
+
+
+def _bench_level(server, prompts):
+    """eagle3 bench's client at concurrency 3: the two repeat prompts (ids) and RAW_PREFILL_ONLY (text)."""
+    import asyncio
+
+    from eagle3_backend.verify.bench import BenchSettings, run_level
+
+    sent = [prompts["repeat-0"][0], prompts["repeat-1"][0], RAW_PREFILL_ONLY]
+    return asyncio.run(run_level(server.url, sent, 3, BenchSettings(
+        max_new_tokens=REPEAT_NEW_TOKENS, timeout_s=REQUEST_TIMEOUT)))
 
 
 def _assert_same_client_view(got: dict[str, object], ref: dict[str, object], what: str) -> None:
@@ -197,12 +216,22 @@ def test_second_draft_layout_after_restart_accepts(target_only, prompts, smollm2
     with _server(spec, plugin_site, tmp_path / "echo.log") as srv:
         outs = _run_all(srv, prompts, subset=True)
         clients = _client_requests(srv, prompts["repeat-0"][0])
+        bench = _bench_level(srv, prompts)
         text = srv.log_text()
     assert_same_tokens(outs, reference_outputs, f"EAGLE-3 chain, echo draft {ECHO_LAYOUT}")
     # OpenAI clients (streaming, n > 1, logprobs, a stop string that cuts an accepted block)
     # see what they see from the target-only server
     _assert_same_client_view(clients, reference_clients, "EAGLE-3 chain, echo draft")
     assert f"EAGLE-3 layout {ECHO_LAYOUT} -> fc input 1728 (checked)" in text
+    # eagle3 bench at concurrency 3: the two repeat prompts answered as when sent alone and
+    # measured; the raw-text prompt finished in its prefill, listed apart, not averaged in
+    s = bench.summary()
+    assert [r.output_ids for r in bench.requests[:2]] == [outs[f"repeat-{i}"]["output_ids"] for i in range(2)]
+    assert (s["n_ok"], s["n_spec_measured"]) == (3, 2), s
+    assert s["no_spec_metrics"] == {"n": 1, "finished_in_prefill": [2], "decoded": [], "completion_tokens": 1,
+                                    "finish_reasons": {"stop": 1}}, s
+    measured = bench.requests[:2]
+    assert s["acceptance_length"] == sum(r.completion_tokens for r in measured) / sum(r.spec_verify_ct for r in measured)
     # 3 drafts + 1 bonus per step while the target keeps repeating one token
     assert _accept_length(outs["repeat-0"]) > 2.5, outs["repeat-0"]["meta_info"]
     names = [f"repeat-{i}" for i in range(len(REPEAT_PROMPTS))]

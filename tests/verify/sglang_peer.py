@@ -2,7 +2,10 @@
 
 stdlib ``http.server`` in a thread on 127.0.0.1: a protocol peer with SGLang's
 response shapes (native /generate meta_info, OpenAI ``sglext``, /server_info),
-plus misbehaviours: slow answers (``delay``), bad JSON, HTTP 500.
+plus misbehaviours: slow answers (``delay``), bad JSON, HTTP 500. With
+``one_token=SUFFIX`` a native prompt ending in SUFFIX is answered the way SGLang
+answers a request that finished in its prefill (one token, ``stop``, no ``spec_*``
+field: no verify step was counted).
 """
 
 from __future__ import annotations
@@ -60,8 +63,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(500, b'{"error": "boom"}')
             if self.path == "/generate":
                 n, verify = tokens_for(body["text"])
-                meta = {"prompt_tokens": 3, "completion_tokens": n}
-                if srv.spec:
+                meta = {"prompt_tokens": 3, "completion_tokens": n,
+                        "finish_reason": {"type": "length", "length": n}}
+                if srv.one_token and body["text"].endswith(srv.one_token):
+                    n, verify = 1, 0
+                    meta = {"prompt_tokens": 3, "completion_tokens": 1,
+                            "finish_reason": {"type": "stop", "matched": 2}}
+                if srv.spec and verify:
                     meta |= {"spec_accept_length": n / verify, "spec_verify_ct": verify,
                              "spec_correct_drafts_histogram": [1, verify - 1]}
                 ids = ["bad"] if mode == "bad-ids" else list(range(n))
@@ -85,9 +93,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, spec: bool = True, mode: str = "ok", delay: float = 0.02):
+    def __init__(self, spec: bool = True, mode: str = "ok", delay: float = 0.02, one_token: str = ""):
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.spec, self.mode, self.delay = spec, mode, delay
+        self.spec, self.mode, self.delay, self.one_token = spec, mode, delay, one_token
         self.lock = threading.Lock()
         self.inflight = self.max_inflight = 0
         self.bodies: list = []

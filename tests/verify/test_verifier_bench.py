@@ -118,3 +118,58 @@ def test_settings_validation():
         BenchSettings(api="grpc")
     with pytest.raises(Eagle3Error, match="--timeout"):
         BenchSettings(timeout_s=0)
+
+
+def _native(n: int, verify: int | None, finish: str = "length") -> dict:
+    """A /generate answer as SGLang 0.5.23 builds it: no spec_* keys without a verify step."""
+    meta = {"prompt_tokens": 5, "completion_tokens": n,
+            "finish_reason": {"type": finish, **({"matched": 2} if finish == "stop" else {"length": n})}}
+    if verify:
+        meta |= {"spec_accept_length": n / verify, "spec_verify_ct": verify,
+                 "spec_correct_drafts_histogram": [verify - 1, 1]}
+    return {"text": "x", "output_ids": list(range(n)), "meta_info": meta}
+
+
+def test_answers_without_spec_metrics_are_counted_not_averaged():
+    """The issue-16 run: raw MT-Bench text, SmolLM2 answers some prompts with end of sequence
+    at once (1 token, finished in the prefill: SGLang sends no spec_* field); one constructed
+    answer decodes 9 tokens with no verify step counted."""
+    from eagle3_backend.verify.bench import LevelResult, RequestResult, _parse_response
+    from eagle3_backend.verify.cli import no_spec_lines
+
+    answers = [_native(48, 40), _native(1, None, "stop"), _native(30, 24, "stop"),
+               _native(1, None, "stop"), _native(9, None)]
+    reqs = [RequestResult(i, True, 0.5, **_parse_response("native", a)) for i, a in enumerate(answers)]
+    reqs.append(RequestResult(5, False, 0.1, "timeout: no complete response within 1s"))
+    assert [r.finish_reason for r in reqs] == ["length", "stop", "stop", "stop", "length", None]
+    s = LevelResult(8, 2.0, reqs).summary()
+    assert s["acceptance_length"] == pytest.approx((48 + 30) / (40 + 24))  # the measured two only
+    assert s["completion_tokens"] == 48 + 1 + 30 + 1 + 9                    # tok/s counts every token
+    assert (s["n_ok"], s["n_spec_measured"], s["spec_verify_ct"]) == (5, 2, 64)
+    assert s["no_spec_metrics"] == {"n": 3, "finished_in_prefill": [1, 3], "decoded": [4],
+                                    "completion_tokens": 11, "finish_reasons": {"stop": 2, "length": 1}}
+    assert LevelResult(8, 2.0, reqs).summary(speculative=False)["no_spec_metrics"] is None
+    result = {"levels": [{"concurrency": 8, "spec": s},
+                         {"concurrency": 1, "spec": LevelResult(1, 1.0, reqs[:1]).summary()}]}
+    assert no_spec_lines(result, raw_text=True) == [
+        "c=8: 3 of 5 answers carry no speculative metrics (SGLang counted no verify step), left out "
+        "of the acceptance length, which is over the other 2: 2 finished in the prefill with at most "
+        "one token, nothing to speculate (requests 1, 3), e.g. an immediate end of sequence on raw "
+        "text without a chat template: pass --tokenizer TARGET; 1 decoded more tokens with no verify "
+        "step counted, not speculated or the metric lost (requests 4)"]
+    # OpenAI answers: finish_reason from the choice, no sglext without a verify step
+    fields = _parse_response("openai", {"choices": [{"finish_reason": "stop", "message": {}}],
+                                        "usage": {"completion_tokens": 1, "prompt_tokens": 5}})
+    assert (fields["finish_reason"], fields["spec_verify_ct"], fields["spec_accept_length"]) == ("stop", None, None)
+
+
+def test_benchmark_lists_unmeasured_answers_of_the_spec_server_only(serve):
+    spec, base = serve(one_token=" 2!!"), serve(spec=False)
+    out = run_benchmark(spec.url, PROMPTS[:4], [2], BenchSettings(), baseline_url=base.url, warmup=0)
+    lv = out["levels"][0]
+    # PROMPTS[2] ends in " 2!!": the peer answers it with one token and no spec metrics
+    assert lv["spec"]["no_spec_metrics"] == {"n": 1, "finished_in_prefill": [2], "decoded": [],
+                                             "completion_tokens": 1, "finish_reasons": {"stop": 1}}
+    assert lv["spec"]["n_spec_measured"] == 3
+    assert lv["baseline"]["no_spec_metrics"] is None
+    assert [r["finish_reason"] for r in out["requests"]["spec"]["2"]] == ["length", "length", "stop", "length"]
