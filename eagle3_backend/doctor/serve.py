@@ -206,6 +206,14 @@ def _query(url: str, id_lists: Sequence[list[int]], max_new_tokens: int,
     return level.requests
 
 
+def drop_prefill_answers(encoded: Sequence[Any], served: Sequence[Any]) -> tuple[list, list, list[str]]:
+    """(prompts, answers) without those the server finished in their prefill (one output token
+    at most: SGLang counts no verify step and sends no spec metrics for them), and their ids."""
+    keep = [len(r.output_ids or ()) > 1 for r in served]
+    return ([e for e, k in zip(encoded, keep) if k], [r for r, k in zip(served, keep) if k],
+            [e[0] for e, k in zip(encoded, keep) if not k])
+
+
 def _same_path(a: str | None, b: str | Path) -> bool | None:
     """Whether two paths name the same directory; None when ``a`` is not a local path."""
     if not a or not Path(a).exists():
@@ -242,6 +250,12 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
                           f"running there?") from None
     settings = server_settings(info, url)
     served = _query(url, [ids for _, ids in encoded], max_new_tokens, timeout_s)
+    encoded, served, in_prefill = drop_prefill_answers(encoded, served)
+    if len(encoded) < MIN_PROMPTS:
+        raise Eagle3Error(f"only {len(encoded)} prompts got more than one answer token from {url} "
+                          f"({len(in_prefill)} were answered in their prefill, nothing to speculate); "
+                          f"the comparison needs at least {MIN_PROMPTS}. Pass more prompts (--limit, "
+                          f"--dataset), or a chat template if the target ends raw text at once.")
     for field_name, why in (("spec_verify_ct", "it did not run speculative decoding on them"),
                             ("output_ids", "expected SGLang's native /generate response")):
         missing = [pid for (pid, _), r in zip(encoded, served) if not getattr(r, field_name)]
@@ -277,6 +291,9 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
         notes.append(f"the server serves the draft at {server_draft}, not {draft_path}")
     if _same_path(server_target, target.path) is False:
         notes.append(f"the server's target is {server_target}, the doctor's {target.path}")
+    if in_prefill:
+        notes.append(f"{len(in_prefill)} prompt(s) answered in their prefill with one token at most "
+                     f"(nothing to speculate) were left out: {in_prefill[:5]}")
     first_token_differs = sum(p.diverge_at == 0 for p in results)
     if first_token_differs * 2 > len(results):
         notes.append(f"{first_token_differs} of {len(results)} served answers differ from the "

@@ -129,3 +129,15 @@ def test_check_server_refuses_bad_input_before_any_generation(smollm2, serve, tm
     with pytest.raises(Eagle3Error, match=r"reports speculative_eagle_topk=None in /server_info"):
         check_server(srv.url, draft, smollm2, _mtbench(MIN_PROMPTS))
     assert srv.bodies == []             # nothing was generated
+
+
+def test_answers_finished_in_the_prefill_are_left_out():
+    from eagle3_backend.doctor.serve import drop_prefill_answers
+    from eagle3_backend.verify.bench import RequestResult
+
+    encoded = [("a", [1, 2]), ("b", [3]), ("c", [4, 5, 6])]
+    served = [RequestResult(0, True, 0.1, completion_tokens=5, spec_verify_ct=3, output_ids=[7, 8, 9, 10, 11]),
+              RequestResult(1, True, 0.1, completion_tokens=1, output_ids=[2]),   # EOS at once
+              RequestResult(2, True, 0.1, completion_tokens=2, spec_verify_ct=1, output_ids=[5, 6])]
+    kept, answers, dropped = drop_prefill_answers(encoded, served)
+    assert kept == [encoded[0], encoded[2]] and answers == [served[0], served[2]] and dropped == ["b"]
