@@ -250,12 +250,16 @@ def _sync(scheduler: Any) -> None:
 
 
 def _flush(scheduler: Any) -> bool:
-    """The prefix cache (target and draft KV) emptied when nothing runs; False otherwise."""
+    """The prefix cache (target and draft KV) emptied when no rank runs anything; False otherwise.
+    The ranks decide together: a cache flushed on one rank only would split their states."""
     try:
-        return bool(scheduler.is_fully_idle()) and bool(scheduler.flush_cache(empty_cache=False))
+        idle = bool(scheduler.is_fully_idle())
     except Exception:  # a flush is an improvement, never a reason to fail a committed swap
-        logger.exception("eagle3_backend: flushing the cache after the draft swap failed")
+        logger.exception("eagle3_backend: reading the scheduler's idle state failed")
+        idle = False
+    if not all(_gather(scheduler, idle)):
         return False
+    return bool(scheduler.flush_cache(empty_cache=False))
 
 
 # ---------------------------------------------------------------------------- the ops
