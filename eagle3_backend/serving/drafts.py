@@ -223,6 +223,14 @@ def after_update_spec_metrics(result: Any, reporter: Any, bs: Any, num_correct_d
     return None
 
 
+def acceptance(rec: DraftRecord) -> dict[str, Any]:
+    """The record's acceptance since its load (read under the lock the metrics hook takes)."""
+    with _LOCK:
+        steps, accepted, correct = rec.verify_steps, rec.accepted_tokens, rec.correct_drafts
+    return {"verify_steps": steps, "accepted_tokens": accepted, "correct_drafts": correct,
+            "accept_length": round(accepted / steps, 6) if steps else None}
+
+
 def weights_digest(named: Iterable[tuple[str, Any]]) -> tuple[str, int]:
     """SHA-256 over (name, dtype, shape, bytes) of each tensor in name order; and their count."""
     import torch
@@ -264,51 +272,6 @@ def draft_tensors(scheduler: Any) -> list[tuple[str, Any]]:
         if hot is not None:
             out.append((prefix + "hot_token_id", hot))
     return out
-
-
-def draft_info(scheduler: Any) -> dict[str, Any]:
-    """GET /eagle3/draft's body, from this scheduler."""
-    rec = active()
-    if rec is None:
-        return {"error": "eagle3_backend: this scheduler has not loaded its EAGLE-3 draft yet."}
-    digest, count = weights_digest(draft_tensors(scheduler))
-    with _LOCK:
-        steps, accepted, correct = rec.verify_steps, rec.accepted_tokens, rec.correct_drafts
-    from eagle3_backend.serving import swap
-
-    return {
-        "path": rec.path,
-        "layout": rec.layout,
-        "kept": swap.kept_path(),
-        "weights_sha256": digest,
-        "weights_tensors": count,
-        "loaded_at": rec.loaded_at,
-        "acceptance": {
-            "verify_steps": steps,
-            "accepted_tokens": accepted,
-            "correct_drafts": correct,
-            "accept_length": round(accepted / steps, 6) if steps else None,
-        },
-    }
-
-
-def after_init_request_dispatcher(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER Scheduler.init_request_dispatcher: answer this plugin's requests between batches."""
-    from eagle3_backend.serving import swap
-
-    types = message_types()
-    dispatcher = hooks.use(_DISPATCHER)
-
-    def handle(req: Any) -> Any:
-        try:
-            body = swap.handle(scheduler, req.op, req.path)
-        except Exception as exc:  # a draft request must never stop the scheduler
-            logger.exception("eagle3_backend: draft op %s failed in the scheduler", req.op)
-            body = {"error": f"eagle3_backend: draft op {req.op} failed: {type(exc).__name__}: {exc}"}
-        return types.out(payload=json.dumps(body))
-
-    scheduler._request_dispatcher += dispatcher([(types.req, handle)])
-    return None
 
 
 # ------------------------------------------------------ scheduler: /update_weights_from_disk

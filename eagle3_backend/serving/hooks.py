@@ -193,7 +193,7 @@ HOOKS: tuple[Hook, ...] = (
          why="extends the scheduler's _request_dispatcher and the tokenizer's _result_dispatcher"),
     # scheduler: info handler, acceptance since load, the /update_weights_from_disk guard
     Hook("sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher", AFTER, "(self)", "draft",
-         f"{_S}.drafts:after_init_request_dispatcher",
+         f"{_S}.swap:after_init_request_dispatcher",
          "adds the info request to the scheduler's dispatcher (answered between batches)"),
     Hook(f"{_MR}.update_spec_metrics", AFTER,
          "(self, bs, num_correct_drafts, num_accept_tokens, num_block_accept_tokens=, num_cap_tokens=)",

@@ -30,6 +30,7 @@ lower their acceptance until they finish.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -43,6 +44,9 @@ from eagle3_backend.serving import drafts, hooks
 logger = logging.getLogger(__name__)
 
 _GET_PARALLEL = "sglang.srt.runtime_context.get_parallel"
+_DISPATCHER = "sglang.utils.TypeBasedDispatcher"
+_IDLE = "sglang.srt.managers.scheduler.Scheduler.is_fully_idle"
+_FLUSH = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
 
 
 @dataclass
@@ -253,20 +257,46 @@ def _flush(scheduler: Any) -> bool:
     """The prefix cache (target and draft KV) emptied when no rank runs anything; False otherwise.
     The ranks decide together: a cache flushed on one rank only would split their states."""
     try:
-        idle = bool(scheduler.is_fully_idle())
+        idle = bool(hooks.use(_IDLE)(scheduler))
     except Exception:  # a flush is an improvement, never a reason to fail a committed swap
         logger.exception("eagle3_backend: reading the scheduler's idle state failed")
         idle = False
     if not all(_gather(scheduler, idle)):
         return False
-    return bool(scheduler.flush_cache(empty_cache=False))
+    return bool(hooks.use(_FLUSH)(scheduler, empty_cache=False))
 
 
 # ---------------------------------------------------------------------------- the ops
+def after_init_request_dispatcher(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER Scheduler.init_request_dispatcher: answer this plugin's requests between batches."""
+    types = drafts.message_types()
+
+    def answer(req: Any) -> Any:
+        try:
+            body = handle(scheduler, req.op, req.path)
+        except Exception as exc:  # a draft request must never stop the scheduler
+            logger.exception("eagle3_backend: draft op %s failed in the scheduler", req.op)
+            body = {"error": f"eagle3_backend: draft op {req.op} failed: {type(exc).__name__}: {exc}"}
+        return types.out(payload=json.dumps(body))
+
+    scheduler._request_dispatcher += hooks.use(_DISPATCHER)([(types.req, answer)])
+    return None
+
+
+def draft_info(scheduler: Any) -> dict[str, Any]:
+    """GET /eagle3/draft's body, from this scheduler."""
+    rec = drafts.active()
+    if rec is None:
+        return {"error": "eagle3_backend: this scheduler has not loaded its EAGLE-3 draft yet."}
+    digest, count = drafts.weights_digest(drafts.draft_tensors(scheduler))
+    return {"path": rec.path, "layout": rec.layout, "kept": kept_path(), "weights_sha256": digest,
+            "weights_tensors": count, "loaded_at": rec.loaded_at, "acceptance": drafts.acceptance(rec)}
+
+
 def handle(scheduler: Any, op: str, path: str) -> dict[str, Any]:
     """One control request from the launcher; the answer is this rank's (agreed where it matters)."""
     if op == "info":
-        return drafts.draft_info(scheduler)
+        return draft_info(scheduler)
     if op == "stage":
         return _op_stage(path)
     if op == "status":
