@@ -334,6 +334,8 @@ def cmd_swap(args: argparse.Namespace) -> int:
 
 def swap_lines(status: int, out: dict[str, Any]) -> list[str]:
     """What ``eagle3 swap`` prints for the server's answer."""
+    from eagle3_backend.serving import drafts
+
     if status == 401:
         return ["refused: the server wants its API key (--api-key or $SGLANG_API_KEY)"]
     if status == 404:
@@ -351,7 +353,7 @@ def swap_lines(status: int, out: dict[str, Any]) -> list[str]:
                      f"{'flushed' if c['cache_flushed'] else 'kept (requests were running)'}")
     if "canary" in out:
         c = out["canary"]
-        a, b = (("unmeasured" if v is None else f"{v:.3f}") for v in (c["accept_length_before"], c["accept_length_after"]))
+        a, b = drafts.fmt_accept(c["accept_length_before"]), drafts.fmt_accept(c["accept_length_after"])
         lines.append(f"canary:    {c['prompts']} probe prompts x {c['max_new_tokens']} tokens: acceptance "
                      f"{a} -> {b} (margin {c['margin']}); "
                      f"outputs {'identical' if c['outputs_identical'] else 'DIFFER'}; {c['verdict']}")

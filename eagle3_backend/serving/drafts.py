@@ -563,7 +563,7 @@ class _Admin:
                   "unmeasured": [before["unmeasured"], after["unmeasured"]],
                   "outputs_identical": before["outputs"] == after["outputs"]}
         out["canary"] = canary
-        fig = (f"acceptance on {canary['prompts']} probe prompts {_fmt(a)} -> {_fmt(b)}"
+        fig = (f"acceptance on {canary['prompts']} probe prompts {fmt_accept(a)} -> {fmt_accept(b)}"
                + (f"; {before['unmeasured']} / {after['unmeasured']} probes came back without speculative "
                   f"metrics" if before["unmeasured"] or after["unmeasured"] else ""))
         if worse and not req.keep_if_worse:
@@ -643,7 +643,8 @@ def unsupported_parallelism(server_args: Any) -> list[str]:
     return out
 
 
-def _fmt(value: float | None) -> str:
+def fmt_accept(value: float | None) -> str:
+    """A canary acceptance length as the swap's messages and `eagle3 swap` print it."""
     return "unmeasured" if value is None else f"{value:.3f}"
 
 

@@ -74,25 +74,18 @@ _KEPT: list[_Kept] = []
 
 # --------------------------------------------------------------------------- reading
 def read_checkpoint(path: str, manifest: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The tensors of the draft checkpoint at ``path`` (safetensors only), checked against the
-    served draft's ``manifest`` (name -> shape as SGLang's loader read it at start)."""
+    """The tensors of the draft checkpoint at ``path`` (``checkpoint.files.read_tensors``:
+    safetensors, sharded or not; a pickle is refused), checked against the served draft's
+    ``manifest`` (name -> shape as SGLang's loader read it at start)."""
     import torch
-    from safetensors.torch import load_file
 
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise ServingError(f"{path} has no .safetensors file (a swap never reads a pickle)")
-    tensors: dict[str, Any] = {}
-    for f in files:
-        try:
-            part = load_file(str(f), device="cpu")
-        except Exception as exc:  # safetensors raises its own error types on a bad file
-            raise ServingError(f"{f.name} cannot be read ({type(exc).__name__}: {exc}); "
-                                   "a truncated or corrupt file") from None
-        dup = sorted(set(part) & set(tensors))
-        if dup:
-            raise ServingError(f"tensor(s) {dup[:5]} appear in more than one file")
-        tensors.update(part)
+    from eagle3_backend.checkpoint.files import read_tensors
+    from eagle3_backend.errors import CheckpointError
+
+    try:
+        tensors, _ = read_tensors(Path(path))
+    except CheckpointError as exc:
+        raise ServingError(str(exc)) from None
     if manifest:
         missing, extra = sorted(set(manifest) - set(tensors)), sorted(set(tensors) - set(manifest))
         shapes = [f"{n} {list(tensors[n].shape)} (served {list(manifest[n])})"

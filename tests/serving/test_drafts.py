@@ -176,7 +176,11 @@ def test_each_rank_reads_safetensors_only_and_checks_them(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "pytorch_model.bin").write_bytes(b"not read")
-    assert refused(empty) == f"{empty} has no .safetensors file (a swap never reads a pickle)"
+    assert refused(empty) == (  # checkpoint.files.read_tensors's words: never unpickled
+        f"{empty}: weights are in pickle file(s) pytorch_model.bin, which can run arbitrary code when "
+        f"loaded, so they are refused; expected model.safetensors. If you trust the file, pass "
+        f"--allow-pickle (it is then read with torch.load(weights_only=True)), e.g. `eagle3 convert "
+        f"{empty} OUT --to sglang --allow-pickle` to get a safetensors copy.")
     odd = {"fc.weight": torch.ones(4, 9), "norm.weight": torch.ones(4), "extra": torch.ones(1)}
     assert refused(write("odd", odd)) == (
         "its tensors differ from the served draft's: missing ['d2t']; not in the served draft ['extra']; "
@@ -186,8 +190,8 @@ def test_each_rank_reads_safetensors_only_and_checks_them(tmp_path):
     cut = write("cut", good)
     data = (cut / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(data[: len(data) - 7])
-    assert refused(cut).startswith("model.safetensors cannot be read (")
-    assert refused(cut).endswith("); a truncated or corrupt file")
+    assert refused(cut).startswith(f"{cut / 'model.safetensors'}: not a readable safetensors file (")
+    assert refused(cut).endswith("); re-copy or re-export it.")
 
 
 def test_target_owned_params_get_write_nothing_placeholders():
