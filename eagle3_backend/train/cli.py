@@ -104,6 +104,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "--minutes: as many as fit, at most 20)")
     g.add_argument("--ttt-steps", type=int, default=3, metavar="K",
                    help="draft steps unrolled in training (training-time test; default 3)")
+    g.add_argument("--intermediate-size", type=int, default=None, metavar="N",
+                   help="the draft layer's MLP width (default: the target's intermediate_size)")
+    g.add_argument("--draft-layers", type=int, default=1, metavar="N",
+                   help="decoder layers in the draft (default 1; SGLang's llama_eagle3 serves more)")
     g.add_argument("--draft-vocab", type=int, default=8192, metavar="V",
                    help="draft vocabulary: the V most frequent answer tokens (default 8192)")
     g.add_argument("--batch-tokens", type=int, default=512, metavar="N",
@@ -272,8 +276,10 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
     return seqs, draft_ids, embed, info
 
 
-def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str) -> Any:
-    """One Llama decoder layer shaped like the target's (attention, MLP, rotary, context).
+def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str,
+                  intermediate_size: int | None = None, layers: int = 1) -> Any:
+    """``layers`` Llama decoder layers shaped like the target's (attention, MLP, rotary,
+    context); ``intermediate_size`` widens (or narrows) their MLP.
 
     ``fc_norm``: an RMSNorm per layout slot before fc. Middle and late residual streams
     carry a few massive activations (SmolLM2-135M: |x| up to ~25,000 on the first token,
@@ -287,14 +293,15 @@ def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str) -> Any:
                           "draft copies the target's attention shape. Use a target config.json "
                           "or GGUF that records it.")
     return DraftConfig(
-        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size or 4 * t.hidden_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=intermediate_size or t.intermediate_size or 4 * t.hidden_size,
         num_attention_heads=t.num_attention_heads,
         num_key_value_heads=t.num_key_value_heads or t.num_attention_heads,
         head_dim=t.head_dim, vocab_size=t.vocab_size, draft_vocab_size=draft_vocab,
         target_hidden_size=t.hidden_size, layout=layout, rms_norm_eps=t.rms_norm_eps or 1e-6,
         rope_theta=t.rope_theta or 10000.0,
         max_position_embeddings=t.max_position_embeddings or 2048,
-        fc_norm=True, has_embed_tokens=False, dtype=dtype,
+        fc_norm=True, has_embed_tokens=False, dtype=dtype, num_hidden_layers=layers,
     )
 
 
@@ -354,8 +361,8 @@ def _run_train(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
                  "vocab_prompts", "draft_vocab", "teacher_tokens", "max_seq_tokens", "topk",
-                 "teacher_batch_tokens", "checkpoint_every"):
-        if getattr(args, name) < 1:
+                 "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.minutes is not None and not args.minutes > 0:
         raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
@@ -425,7 +432,8 @@ def _run_train(args: argparse.Namespace) -> int:
         else:
             data_info = {**data_info, "source": "mix"}
     t_data = time.perf_counter()
-    cfg = _draft_config(target_info, layout, vocab.size, args.dtype)
+    cfg = _draft_config(target_info, layout, vocab.size, args.dtype, args.intermediate_size,
+                        args.draft_layers)
     torch.manual_seed(args.seed)
     model = build_draft(cfg, data, vocab, seed=args.seed)
     import hashlib
@@ -433,7 +441,8 @@ def _run_train(args: argparse.Namespace) -> int:
     identity = {"layout": layout.to_strings(), "draft_vocab": vocab.target_ids.tolist(),
                 "data": hashlib.sha256(json.dumps(
                     [[s.id, int(s.tokens.shape[0])] for s in train_seqs + held_seqs]
-                ).encode()).hexdigest(), "dtype": args.dtype}
+                ).encode()).hexdigest(), "dtype": args.dtype,
+                "intermediate_size": cfg.intermediate_size, "layers": cfg.num_hidden_layers}
     result = train_draft(model, train_seqs, held_seqs, vocab, lm_head, settings,
                          deadline=train_deadline, progress=progress,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

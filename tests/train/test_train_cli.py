@@ -78,6 +78,23 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
     for name, t in loaded.state_dict.items():           # seeded: the same draft again
         assert torch.equal(t, same.state_dict[name]), name
 
+    # --intermediate-size widens the draft's MLP, --draft-layers stacks layers; the config
+    # SGLang reads says so, and only those weights change shape
+    out3 = tmp_path / "draft3"
+    assert cfg.intermediate_size != 96 and cfg.num_hidden_layers == 1
+    assert main([*_argv(tiny_target_dir, prompts_file, out3, cache), "--intermediate-size", "96",
+                 "--draft-layers", "2"]) == 0
+    raw3 = json.loads((out3 / "config.json").read_text())
+    assert (raw3["intermediate_size"], raw3["num_hidden_layers"]) == (96, 2)
+    wide = load_draft(out3, strict=True).state_dict
+    upper = {n for n in wide if n.startswith("layers.1.")}
+    assert upper and set(wide) - upper == set(loaded.state_dict)
+    for name, t in wide.items():
+        if "mlp" in name:
+            assert tuple(t.shape) == ((64, 96) if "down" in name else (96, 64)), name
+        elif name in loaded.state_dict:
+            assert t.shape == loaded.state_dict[name].shape, name
+
 
 def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, prompts_file, capsys):
     (tmp_path / "busy").mkdir()
