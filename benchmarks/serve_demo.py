@@ -1,26 +1,31 @@
 """The served demo: real SGLang on this CPU, EAGLE-3 against target-only, SGLang's own client.
 
-One after the other, on the same target (the bundled SmolLM2-135M-Instruct as a HF dir,
+All up at once and measured in rotation, on the same target (the bundled SmolLM2-135M-Instruct as a HF dir,
 fp32) and the same MT-Bench first turns (never in any training data here):
 
   target-only   python -m sglang.launch_server --device cpu ...
   eagle3        the same with --speculative-algorithm EAGLE3 and DRAFT (this package's plugin)
+  stock         (--stock) the same EAGLE-3 server with SGLANG_PLUGINS=eagle3_cpu: the CPU
+                platform only, stock SGLang's own capture of the ids in DRAFT's config
+                (a layout stock SGLang can express): what the plugin costs
 
-each measured with ``python -m sglang.benchmark.serving --backend sglang --dataset-name custom
---apply-chat-template --max-concurrency C --temperature 0 --output-details`` (greedy; the
-client ignores EOS by default, so every request runs its full length; outputs are compared
-text for text).
-Prints acceptance length (SGLang's), output tok/s of both, the speed-up and whether every
-output is identical; writes NAME.json (machine, versions, git revision, commands, both
-reports) and NAME.png under --output-dir.
+each measured at every --concurrency level with ``python -m sglang.benchmark.serving
+--backend sglang --dataset-name custom --apply-chat-template --max-concurrency C
+--temperature 0 --output-details`` (greedy; the client ignores EOS by default, so every
+request runs its full length; outputs are compared text for text with target-only's).
+Prints per level acceptance length (SGLang's), output tok/s of each server, the speed-up,
+the plugin's tok/s over stock's and whether every output is identical; writes NAME.json
+(machine, versions, git revision, commands, every report) and NAME.png under --output-dir.
 
     python benchmarks/serve_demo.py --draft DIR                  # 16 prompts x 64 tokens, concurrency 1
+    python benchmarks/serve_demo.py --draft DIR --concurrency 1 4 --stock
     python benchmarks/serve_demo.py --draft DIR --num-steps 3 --topk 4 --draft-tokens 8
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -58,37 +63,110 @@ def bench_command(url: str, target: Path, dataset: Path, n: int, tokens: int, co
             "--output-file", str(out), "--output-details", "--disable-tqdm"]
 
 
-def run_one(name: str, spec: ServerSpec, args: argparse.Namespace, work: Path, dataset: Path, n: int,
-            pypath: tuple[str, ...]) -> dict:
-    out = work / f"{name}.jsonl"
-    out.unlink(missing_ok=True)
-    with CpuServer(spec, work / f"{name}.log", pypath, start_timeout=900) as srv:
-        cmd = bench_command(srv.url, Path(spec.target), dataset, n, args.new_tokens, args.concurrency, out)
-        print(f"[{name}] {shlex.join(cmd[1:])}", flush=True)
-        t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if proc.returncode != 0:
-            raise SystemExit(f"[{name}] sglang.benchmark.serving failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        print(f"[{name}] done in {time.time() - t0:.0f} s", flush=True)
-        return {"server_command": ["python", "-m", "sglang.launch_server", *spec.args(srv.port)],
-                "bench_command": ["python", *cmd[1:]],
-                "report": json.loads(out.read_text().strip().splitlines()[-1])}
+def start_servers(stack: contextlib.ExitStack, specs: dict[str, tuple[ServerSpec, dict[str, str]]],
+                  work: Path, pypath: tuple[str, ...]) -> dict[str, CpuServer]:
+    """Every server of ``specs`` (name -> (spec, extra env)) started and kept up in ``stack``."""
+    out = {}
+    for name, (spec, env) in specs.items():
+        out[name] = stack.enter_context(CpuServer(spec, work / f"{name}.log", pypath,
+                                                  start_timeout=900, env_extra=env))
+        print(f"[{name}] up at {out[name].url}", flush=True)
+    return out
 
 
-def plot(path: Path, base: dict, spec: dict, summary: dict) -> None:
+def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path, dataset: Path,
+            n: int) -> dict:
+    """SGLang's client against every server at every level, --rounds times in rotation (the
+    servers idle between their turns), so drift on a shared machine hits all of them alike.
+
+    Per server and level: the rounds' reports, and one combined report (output tok/s = all
+    output tokens over all the client's seconds; texts and acceptance of round 1, with whether
+    every round gave the same texts)."""
+    runs: dict = {name: {"server_command": ["python", "-m", "sglang.launch_server",
+                                            *srv.spec.args(srv.port)],
+                         "server_env": dict(srv.env_extra),
+                         "plugin_active": "eagle3_backend: pre-load checks passed" in srv.log_text(),
+                         "levels": {str(c): {"rounds": []} for c in args.concurrency}}
+                  for name, srv in servers.items()}
+    for r in range(args.rounds):
+        for c in args.concurrency:
+            for name, srv in servers.items():
+                path = work / f"{name}-c{c}-r{r}.jsonl"
+                path.unlink(missing_ok=True)
+                cmd = bench_command(srv.url, Path(srv.spec.target), dataset, n, args.new_tokens, c, path)
+                t0 = time.time()
+                proc = subprocess.run(cmd, capture_output=True, text=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
+                if proc.returncode != 0:
+                    raise SystemExit(f"[{name}] sglang.benchmark.serving failed ({proc.returncode}):\n"
+                                     f"{proc.stderr[-3000:]}")
+                rep = json.loads(path.read_text().strip().splitlines()[-1])
+                lv = runs[name]["levels"][str(c)]
+                lv["bench_command"] = ["python", *cmd[1:]]
+                lv["rounds"].append(rep)
+                print(f"[{name} c={c} round {r + 1}/{args.rounds}] {rep['output_throughput']:.2f} tok/s "
+                      f"in {time.time() - t0:.0f} s", flush=True)
+    for run in runs.values():
+        for lv in run["levels"].values():
+            lv["report"] = combine(lv["rounds"])
+    return runs
+
+
+def combine(reps: list[dict]) -> dict:
+    """One report of several client runs: all output tokens over all their seconds; the first
+    run's texts and acceptance, and whether every run gave the same texts."""
+    return {"output_throughput": sum(x["total_output_tokens"] for x in reps) / sum(x["duration"] for x in reps),
+            "generated_texts": reps[0]["generated_texts"], "accept_length": reps[0].get("accept_length"),
+            "rounds_identical": all(x["generated_texts"] == reps[0]["generated_texts"] for x in reps)}
+
+
+def summarize(runs: dict, n: int) -> dict:
+    """Per concurrency level: acceptance, tok/s of each server, speed-up, plugin / stock, identical."""
+    levels = {}
+    for c, lv in runs["target-only"]["levels"].items():
+        base = lv["report"]
+        row: dict = {"tok_s_target_only": round(base["output_throughput"], 3)}
+        for name in ("eagle3", "stock"):
+            if name not in runs:
+                continue
+            rep = runs[name]["levels"][c]["report"]
+            same = [a == b for a, b in zip(base["generated_texts"], rep["generated_texts"])]
+            key = "eagle3" if name == "eagle3" else "stock"
+            row[f"accept_length_{key}"] = round(rep["accept_length"], 3) if rep.get("accept_length") else None
+            row[f"tok_s_{key}"] = round(rep["output_throughput"], 3)
+            row[f"speedup_{key}"] = round(rep["output_throughput"] / base["output_throughput"], 3)
+            row[f"outputs_identical_{key}"] = f"{sum(same)}/{len(same)}"
+        if "stock" in runs:
+            row["plugin_over_stock"] = round(row["tok_s_eagle3"] / row["tok_s_stock"], 3)
+            a = runs["eagle3"]["levels"][c]["report"]["generated_texts"]
+            b = runs["stock"]["levels"][c]["report"]["generated_texts"]
+            row["plugin_stock_identical"] = f"{sum(x == y for x, y in zip(a, b))}/{len(a)}"
+        levels[c] = row
+    return {"prompts": n, "levels": levels}
+
+
+def plot(path: Path, summary: dict, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    vals = [base["output_throughput"], spec["output_throughput"]]
-    bars = ax.bar(["target-only", "EAGLE-3"], vals, color=["#888888", "#2a7ab9"])
-    for b, v in zip(bars, vals):
-        ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom")
+    levels = list(summary["levels"])
+    names = [k for k in ("target_only", "eagle3", "stock") if f"tok_s_{k}" in summary["levels"][levels[0]]]
+    colors = {"target_only": "#888888", "eagle3": "#2a7ab9", "stock": "#e08a2c"}
+    labels = {"target_only": "target-only", "eagle3": "EAGLE-3 (plugin)", "stock": "EAGLE-3 (stock capture)"}
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    w = 0.8 / len(names)
+    for i, k in enumerate(names):
+        vals = [summary["levels"][c][f"tok_s_{k}"] for c in levels]
+        xs = [j + (i - (len(names) - 1) / 2) * w for j in range(len(levels))]
+        bars = ax.bar(xs, vals, w, color=colors[k], label=labels[k])
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(levels)), [f"concurrency {c}\n{summary['levels'][c]['speedup_eagle3']:.2f}x" for c in levels])
     ax.set_ylabel("output tok/s (SGLang's client)")
-    ax.set_title(f"speed-up {summary['speedup']:.2f}x, acceptance {summary['accept_length']}, "
-                 f"outputs identical: {summary['outputs_identical']}", fontsize=9)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -101,7 +179,12 @@ def main() -> None:
                     help="HF dir (converted from the bundled GGUF when missing)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1],
+                    help="client --max-concurrency levels, each on the same servers (default 1)")
+    ap.add_argument("--stock", action="store_true",
+                    help="also serve DRAFT with stock SGLang's capture (no eagle3 plugin)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="client runs per server and level, in rotation across the servers (default 2)")
     ap.add_argument("--num-steps", type=int, default=3)
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--draft-tokens", type=int, default=4)
@@ -119,33 +202,36 @@ def main() -> None:
     dataset = work / "mt-bench-first-turns.jsonl"
     n = write_dataset(dataset, args.prompts)
     pypath = (str(entry_point_site(ROOT / "pyproject.toml", work / "site")), str(ROOT))
-    runs = {
-        "target-only": run_one("target-only", ServerSpec(str(target)), args, work, dataset, n, pypath),
-        "eagle3": run_one("eagle3", ServerSpec(str(target), str(Path(args.draft).resolve()), args.num_steps,
-                                               args.topk, args.draft_tokens), args, work, dataset, n, pypath),
-    }
-    base, spec = runs["target-only"]["report"], runs["eagle3"]["report"]
-    same = [a == b for a, b in zip(base["generated_texts"], spec["generated_texts"])]
-    summary = {
-        "prompts": n, "new_tokens": args.new_tokens, "concurrency": args.concurrency,
-        "settings": {"num_steps": args.num_steps, "topk": args.topk, "num_draft_tokens": args.draft_tokens},
-        "accept_length": round(spec["accept_length"], 3) if spec.get("accept_length") else None,
-        "tok_s_target_only": round(base["output_throughput"], 3),
-        "tok_s_eagle3": round(spec["output_throughput"], 3),
-        "speedup": round(spec["output_throughput"] / base["output_throughput"], 3),
-        "outputs_identical": f"{sum(same)}/{len(same)}",
-    }
+    draft = str(Path(args.draft).resolve())
+    eagle = ServerSpec(str(target), draft, args.num_steps, args.topk, args.draft_tokens)
+    specs = {"target-only": (ServerSpec(str(target)), {}), "eagle3": (eagle, {})}
+    if args.stock:   # the CPU platform only: stock SGLang's own capture, no eagle3 plugin
+        specs["stock"] = (eagle, {"SGLANG_PLUGINS": "eagle3_cpu"})
+    with contextlib.ExitStack() as stack:
+        runs = measure(start_servers(stack, specs, work, pypath), args, work, dataset, n)
+    if args.stock and (runs["stock"]["plugin_active"] or not runs["eagle3"]["plugin_active"]):
+        raise SystemExit("the stock server ran the eagle3 plugin, or the plugin server did not: "
+                         f"see {work}/stock.log and {work}/eagle3.log")
+    summary = {**summarize(runs, n), "new_tokens": args.new_tokens,
+               "settings": {"num_steps": args.num_steps, "topk": args.topk,
+                            "num_draft_tokens": args.draft_tokens}}
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"summary": summary, "draft": str(args.draft), "environment": environment(),
               "command": ["python", *sys.argv], "runs": runs}
     (out_dir / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot(out_dir / f"{args.name}.png", base, spec, summary)
-    print(f"acceptance length {summary['accept_length']} (SGLang's) | tok/s target-only "
-          f"{summary['tok_s_target_only']:.2f}, EAGLE-3 {summary['tok_s_eagle3']:.2f} | speed-up "
-          f"{summary['speedup']:.2f}x | outputs identical {summary['outputs_identical']} | "
-          f"{out_dir / args.name}.json, .png")
-
+    plot(out_dir / f"{args.name}.png", summary,
+         f"{n} MT-Bench prompts x {args.new_tokens} tokens, chain/tree {args.num_steps}/{args.topk}/"
+         f"{args.draft_tokens}, fp32, this CPU")
+    for c, row in summary["levels"].items():
+        line = (f"concurrency {c}: acceptance length {row['accept_length_eagle3']} (SGLang's) | tok/s "
+                f"target-only {row['tok_s_target_only']:.2f}, EAGLE-3 {row['tok_s_eagle3']:.2f} | "
+                f"speed-up {row['speedup_eagle3']:.2f}x | outputs identical {row['outputs_identical_eagle3']}")
+        if "plugin_over_stock" in row:
+            line += (f" | stock capture {row['tok_s_stock']:.2f} tok/s: plugin / stock "
+                     f"{row['plugin_over_stock']:.3f}, outputs identical {row['plugin_stock_identical']}")
+        print(line)
+    print(f"{out_dir / args.name}.json, .png")
 
 if __name__ == "__main__":
     main()

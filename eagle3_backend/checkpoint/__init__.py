@@ -18,6 +18,7 @@ from eagle3_backend.checkpoint.write import (
     sglang_config,
     speculators_config,
     to_layer_order,
+    to_layout,
 )
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "sglang_config",
     "speculators_config",
     "to_layer_order",
+    "to_layout",
     "write_checkpoint",
 ]

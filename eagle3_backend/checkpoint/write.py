@@ -23,6 +23,7 @@ from eagle3_backend.checkpoint.files import write_checkpoint
 from eagle3_backend.checkpoint.loaded import LoadedDraft
 from eagle3_backend.checkpoint.names import to_speculators_name
 from eagle3_backend.errors import CheckpointError, LayoutError
+from eagle3_backend.layout import Layout
 from eagle3_backend.target import TargetInfo
 
 logger = logging.getLogger(__name__)
@@ -32,14 +33,23 @@ SPECULATIVE_TOKENS = 3  # speculators' proposal default written for vLLM
 
 def to_layer_order(loaded: LoadedDraft) -> LoadedDraft:
     """The same draft with its layout in ascending layer order (fc columns permuted)."""
+    return to_layout(loaded, loaded.config.layout.sorted_order()[0])
+
+
+def to_layout(loaded: LoadedDraft, layout: Layout) -> LoadedDraft:
+    """The same draft with its fc input in ``layout``'s order (the same sources, permuted):
+    fc weight column blocks, ``input_norm`` blocks and ``fc_norm`` slots follow the sources."""
     cfg = loaded.config
-    sorted_layout, perm = cfg.layout.sorted_order()
-    if list(perm) == sorted(perm):
+    if layout == cfg.layout:
         return loaded
+    if sorted(layout.layers) != sorted(cfg.layout.layers):
+        raise LayoutError(f"{loaded.path}: layout {cfg.layout} cannot be reordered into "
+                          f"{layout}: {cfg.layout.describe_difference(layout)}.")
+    perm = [cfg.layout.sources.index(src) for src in layout.sources]  # new slot i = old perm[i]
     Ht = cfg.target_hidden_size
     sd = dict(loaded.state_dict)
 
-    def blocks(t: torch.Tensor) -> torch.Tensor:  # t: [..., K*Ht] -> chunks in sorted order
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # t: [..., K*Ht] -> chunks in the new order
         chunks = t.split(Ht, dim=-1)
         return torch.cat([chunks[p] for p in perm], dim=-1).contiguous()
 
@@ -50,11 +60,11 @@ def to_layer_order(loaded: LoadedDraft) -> LoadedDraft:
         old = {i: sd[f"fc_norm.{i}.weight"] for i in range(len(perm))}
         for i, p in enumerate(perm):
             sd[f"fc_norm.{i}.weight"] = old[p]
-    note = (f"layout {cfg.layout} is not in layer order; wrote the equivalent draft with "
-            f"layout {sorted_layout} (fc weight column blocks permuted {list(perm)})")
+    note = (f"layout {cfg.layout} rewritten as the equivalent draft with layout {layout} "
+            f"(fc weight column blocks permuted {perm})")
     logger.info("%s", note)
     return dataclasses.replace(
-        loaded, config=dataclasses.replace(cfg, layout=sorted_layout), state_dict=sd,
+        loaded, config=dataclasses.replace(cfg, layout=layout), state_dict=sd,
         warnings=loaded.warnings + (note,),
     )
 

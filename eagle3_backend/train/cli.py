@@ -106,6 +106,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="draft steps unrolled in training (training-time test; default 3)")
     g.add_argument("--intermediate-size", type=int, default=None, metavar="N",
                    help="the draft layer's MLP width (default: the target's intermediate_size)")
+    g.add_argument("--init-from", default=None, metavar="DRAFT",
+                   help="start from this draft's weights (same layout, draft vocabulary and "
+                        "shapes; e.g. a finished run, to train it further on a new schedule)")
     g.add_argument("--draft-layers", type=int, default=1, metavar="N",
                    help="decoder layers in the draft (default 1; SGLang's llama_eagle3 serves more)")
     g.add_argument("--draft-vocab", type=int, default=8192, metavar="V",
@@ -305,6 +308,39 @@ def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str,
     )
 
 
+def _init_from(model: Any, path: Path, target_info: Any, layout: Any, vocab: Any,
+               allow_pickle: bool) -> None:
+    """Load ``path``'s weights into the freshly built ``model``, or name every difference."""
+    import torch
+
+    from eagle3_backend.checkpoint import load_draft, to_layout
+
+    init = load_draft(path, target=target_info, strict=True, allow_pickle=allow_pickle)
+    problems = []
+    if sorted(init.config.layout.layers) != sorted(layout.layers):
+        problems.append(f"its layout is {init.config.layout}, this run trains {layout}")
+    else:  # written in layer order; trained in the run's order
+        init = to_layout(init, layout)
+    theirs = init.state_dict.get("d2t")
+    if theirs is None or theirs.numel() != vocab.size or not torch.equal(
+            theirs.long() + torch.arange(theirs.numel()), vocab.target_ids):
+        problems.append(f"its draft vocabulary ({init.config.draft_vocab_size} ids) is not this "
+                        f"run's ({vocab.size} ids from the data)")
+    mine = model.state_dict()
+    for name in sorted(set(mine) | set(init.state_dict)):
+        if name not in init.state_dict or name not in mine:
+            problems.append(f"{name} is only in {'this run' if name in mine else 'the checkpoint'}")
+        elif tuple(mine[name].shape) != tuple(init.state_dict[name].shape):
+            problems.append(f"{name} is {list(init.state_dict[name].shape)}, this run's is "
+                            f"{list(mine[name].shape)}")
+    if problems:
+        raise Eagle3Error(f"--init-from {path}: " + "; ".join(problems[:6]) + ". Start from a "
+                          "draft trained on the same layout, draft vocabulary and draft shape "
+                          "(--intermediate-size, --draft-layers), or drop --init-from.")
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                           for k, v in init.state_dict.items()}, strict=True)
+
+
 def _command(args: argparse.Namespace) -> str:
     """The run as an ``eagle3 train`` command line with every setting spelled out."""
     parts = ["eagle3", "train"]
@@ -379,7 +415,7 @@ def _run_train(args: argparse.Namespace) -> int:
     # before any work: the checkpoint could not be written there at the end (not empty
     # without --force, other files in it, the target or the data cache in it)
     check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,
-                                        args.checkpoint_dir])
+                                        args.checkpoint_dir, args.init_from])
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,
@@ -436,13 +472,16 @@ def _run_train(args: argparse.Namespace) -> int:
                         args.draft_layers)
     torch.manual_seed(args.seed)
     model = build_draft(cfg, data, vocab, seed=args.seed)
+    if args.init_from:
+        _init_from(model, Path(args.init_from), target_info, layout, vocab, args.allow_pickle)
     import hashlib
 
     identity = {"layout": layout.to_strings(), "draft_vocab": vocab.target_ids.tolist(),
                 "data": hashlib.sha256(json.dumps(
                     [[s.id, int(s.tokens.shape[0])] for s in train_seqs + held_seqs]
                 ).encode()).hexdigest(), "dtype": args.dtype,
-                "intermediate_size": cfg.intermediate_size, "layers": cfg.num_hidden_layers}
+                "intermediate_size": cfg.intermediate_size, "layers": cfg.num_hidden_layers,
+                "init_from": str(Path(args.init_from).resolve()) if args.init_from else None}
     result = train_draft(model, train_seqs, held_seqs, vocab, lm_head, settings,
                          deadline=train_deadline, progress=progress,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

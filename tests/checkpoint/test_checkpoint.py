@@ -14,6 +14,7 @@ from eagle3_backend.checkpoint import (
     save_sglang,
     save_speculators,
     to_layer_order,
+    to_layout,
 )
 from eagle3_backend.errors import CheckpointError
 from eagle3_backend.layout import Layout
@@ -208,6 +209,17 @@ def test_unsorted_layout_is_written_in_layer_order_and_equivalent(tiny_draft, tm
     model.load_state_dict(draft.state_dict)
     wrong = model(ids, torch.cat([states[s] for s in ordered.layout], dim=-1), projected=False)
     assert (wrong[0] - outs[0][0]).abs().max() > 1e-2
+
+    # any order of the same sources round-trips exactly; other sources are refused by name
+    back = to_layout(to_layout(ordered, Layout.parse("[layer_input:27, embed, layer_input:15]")),
+                     draft.layout)
+    assert back.layout == draft.layout
+    for name, t in draft.state_dict.items():
+        assert torch.equal(back.state_dict[name], t), name
+    from eagle3_backend.errors import LayoutError
+    with pytest.raises(LayoutError, match=r"cannot be reordered into \[embed, layer_input:3, "
+                                          r"layer_input:27\]: different sources"):
+        to_layout(draft, Layout.parse("[embed, layer_input:3, layer_input:27]"))
 
     out = save_sglang(draft, tmp_path / "sorted")
     cfg = _cfg(out)

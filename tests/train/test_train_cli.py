@@ -95,6 +95,23 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
         elif name in loaded.state_dict:
             assert t.shape == loaded.state_dict[name].shape, name
 
+    # --init-from starts from a draft's weights: with a learning rate too small to move an
+    # fp32 weight, the result is that draft exactly; another shape is refused by name
+    out4 = tmp_path / "draft4"
+    capsys.readouterr()
+    assert main([*_argv(tiny_target_dir, prompts_file, out4, cache), "--init-from", str(out),
+                 "--lr", "1e-30", "--steps", "1"]) == 0
+    again = load_draft(out4, strict=True).state_dict
+    assert set(again) == set(loaded.state_dict)
+    for name, t in loaded.state_dict.items():
+        assert torch.equal(t, again[name]), name
+    capsys.readouterr()
+    assert main([*_argv(tiny_target_dir, prompts_file, tmp_path / "draft5", cache),
+                 "--init-from", str(out), "--intermediate-size", "96"]) == 2
+    err = capsys.readouterr().err
+    assert f"--init-from {out}: midlayer.mlp.down_proj.weight is [64, 256], this run's is [64, 96]" in err
+    assert "drop --init-from" in err and not (tmp_path / "draft5").exists()
+
 
 def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, prompts_file, capsys):
     (tmp_path / "busy").mkdir()

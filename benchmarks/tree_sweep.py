@@ -1,0 +1,126 @@
+"""Which speculative tree pays on this CPU: real SGLang, one draft, several tree settings.
+
+The target-only server stays up; one EAGLE-3 server per ``STEPS,TOPK,TOKENS`` setting
+(``--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens``)
+starts beside it, and the two are measured in rotation with SGLang's own client exactly as
+``serve_demo.py`` does (MT-Bench first turns, chat template, greedy, concurrency 1), so each
+speed-up is a ratio taken in one stretch of time. Prints per setting SGLang's acceptance
+length, output tok/s, the speed-up over target-only and whether every output is identical;
+writes NAME.json (machine, versions, git revision, commands, every report) and NAME.png.
+
+    python benchmarks/tree_sweep.py --draft DIR
+    python benchmarks/tree_sweep.py --draft DIR --settings 3,1,4 3,4,8 --prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys.path]
+
+import serve_demo  # noqa: E402
+
+from eagle3_backend.cpu.launch import ServerSpec, entry_point_site  # noqa: E402
+
+DEFAULT_SETTINGS = ("1,1,2", "2,1,3", "3,1,4", "5,1,6", "2,4,4", "3,4,8", "4,8,16")
+
+
+def parse_setting(text: str) -> tuple[int, int, int]:
+    try:
+        steps, topk, tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--settings {text!r}: expected STEPS,TOPK,TOKENS, e.g. 3,4,8") from None
+    return steps, topk, tokens
+
+
+def plot(path: Path, rows: list[dict], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    names = [r["setting"] for r in rows]
+    bars = ax.bar(names, [r["speedup"] for r in rows], color="#2a7ab9")
+    for b, r in zip(bars, rows):
+        ax.text(b.get_x() + b.get_width() / 2, r["speedup"],
+                f"{r['speedup']:.2f}x\nacc {r['accept_length']}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="#888888", lw=1)
+    ax.set_xlabel("num-steps, eagle-topk, num-draft-tokens")
+    ax.set_ylabel("output tok/s over target-only")
+    ax.set_title(title, fontsize=9)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--target", default=str(ROOT / "artifacts" / "smollm2-135m-instruct"))
+    ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS))
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1, help="client runs per server, in rotation (default 1)")
+    ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--name", default="tree-sweep")
+    ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "tree_sweep"))
+    args = ap.parse_args()
+    args.concurrency = [1]
+    settings = [parse_setting(s) for s in args.settings]
+
+    from eagle3_backend.cpu.target_convert import convert_gguf_to_hf
+    from eagle3_backend.verify.report import environment
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    target = convert_gguf_to_hf(args.target, dtype="float32")
+    dataset = work / "mt-bench-first-turns.jsonl"
+    n = serve_demo.write_dataset(dataset, args.prompts)
+    pypath = (str(entry_point_site(ROOT / "pyproject.toml", work / "site")), str(ROOT))
+    draft = str(Path(args.draft).resolve())
+    runs: dict = {}
+    rows = []
+    with contextlib.ExitStack() as stack:
+        base_srv = serve_demo.start_servers(stack, {"target-only": (ServerSpec(str(target)), {})},
+                                            work, pypath)["target-only"]
+        for steps, topk, tokens in settings:
+            name = f"{steps},{topk},{tokens}"
+            with contextlib.ExitStack() as inner:
+                srv = serve_demo.start_servers(
+                    inner, {f"eagle3-{steps}-{topk}-{tokens}": (
+                        ServerSpec(str(target), draft, steps, topk, tokens), {})}, work, pypath)
+                pair = serve_demo.measure({"target-only": base_srv, **srv}, args, work, dataset, n)
+            runs[name] = pair
+            base = pair["target-only"]["levels"]["1"]["report"]
+            rep = next(v for k, v in pair.items() if k != "target-only")["levels"]["1"]["report"]
+            same = sum(a == b for a, b in zip(base["generated_texts"], rep["generated_texts"]))
+            rows.append({"setting": name, "num_steps": steps, "topk": topk, "num_draft_tokens": tokens,
+                         "accept_length": round(rep["accept_length"], 3) if rep.get("accept_length") else None,
+                         "tok_s": round(rep["output_throughput"], 3),
+                         "tok_s_target_only": round(base["output_throughput"], 3),
+                         "speedup": round(rep["output_throughput"] / base["output_throughput"], 3),
+                         "outputs_identical": f"{same}/{n}"})
+            print(f"{name:>8s}: acceptance {rows[-1]['accept_length']} | {rows[-1]['tok_s']:.2f} tok/s vs "
+                  f"{rows[-1]['tok_s_target_only']:.2f} | {rows[-1]['speedup']:.2f}x | identical "
+                  f"{rows[-1]['outputs_identical']}", flush=True)
+    best = max(rows, key=lambda r: r["speedup"])
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"summary": {"prompts": n, "new_tokens": args.new_tokens, "rows": rows, "best": best["setting"]},
+              "draft": args.draft, "environment": environment(), "command": ["python", *sys.argv],
+              "runs": runs}
+    (out_dir / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot(out_dir / f"{args.name}.png", rows,
+         f"{n} MT-Bench prompts x {args.new_tokens} tokens through real SGLang, fp32, this CPU")
+    print(f"best: {best['setting']} ({best['speedup']:.2f}x); {out_dir / args.name}.json, .png")
+
+
+if __name__ == "__main__":
+    main()

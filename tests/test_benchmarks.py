@@ -1,0 +1,85 @@
+"""The served and training benchmarks' arithmetic (benchmarks/serve_demo.py, tree_sweep.py,
+train_levers.py), on inputs whose answers are known exactly; their real runs are recorded in
+benchmarks/results/."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))
+from kernel_testutil import load_benchmark  # noqa: E402
+
+from eagle3_backend.train.data import DataSequence  # noqa: E402
+
+
+def _report(tok_s: float, texts: list[str], accept: float | None = None) -> dict:
+    return {"output_throughput": tok_s, "generated_texts": texts, "accept_length": accept}
+
+
+def test_serve_demo_summary_per_level_with_the_stock_capture():
+    sd = load_benchmark("serve_demo")
+    runs = {
+        "target-only": {"levels": {"1": {"report": _report(10.0, ["a", "b", "c", "d"])},
+                                   "4": {"report": _report(20.0, ["a", "b", "c", "d"])}}},
+        "eagle3": {"levels": {"1": {"report": _report(15.0, ["a", "b", "c", "x"], 2.25)},
+                              "4": {"report": _report(16.0, ["a", "b", "c", "d"], 2.0)}}},
+        "stock": {"levels": {"1": {"report": _report(12.0, ["a", "b", "c", "x"], 2.25)},
+                             "4": {"report": _report(16.0, ["a", "y", "c", "d"], 2.0)}}},
+    }
+    s = sd.summarize(runs, 4)
+    assert s["prompts"] == 4 and list(s["levels"]) == ["1", "4"]
+    one, four = s["levels"]["1"], s["levels"]["4"]
+    assert one == {"tok_s_target_only": 10.0,
+                   "accept_length_eagle3": 2.25, "tok_s_eagle3": 15.0, "speedup_eagle3": 1.5,
+                   "outputs_identical_eagle3": "3/4",
+                   "accept_length_stock": 2.25, "tok_s_stock": 12.0, "speedup_stock": 1.2,
+                   "outputs_identical_stock": "3/4",
+                   "plugin_over_stock": 1.25, "plugin_stock_identical": "4/4"}
+    assert (four["speedup_eagle3"], four["outputs_identical_eagle3"]) == (0.8, "4/4")
+    assert (four["plugin_over_stock"], four["plugin_stock_identical"]) == (1.0, "3/4")
+    # without a stock run there is no stock column
+    del runs["stock"]
+    assert not any("stock" in k for k in sd.summarize(runs, 4)["levels"]["1"])
+
+
+def test_serve_demo_rounds_combine_as_tokens_over_seconds():
+    sd = load_benchmark("serve_demo")
+    reps = [{"total_output_tokens": 64, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5},
+            {"total_output_tokens": 64, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5},
+            {"total_output_tokens": 32, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5}]
+    assert sd.combine(reps) == {"output_throughput": 160 / 24, "generated_texts": ["a"],
+                                "accept_length": 1.5, "rounds_identical": True}
+    reps[1]["generated_texts"] = ["b"]
+    assert sd.combine(reps)["rounds_identical"] is False
+
+
+def test_tree_sweep_settings_parse_or_name_the_expected_form():
+    ts = load_benchmark("tree_sweep")
+    assert ts.parse_setting("3,4,8") == (3, 4, 8)
+    with pytest.raises(SystemExit, match=r"--settings '3x4': expected STEPS,TOPK,TOKENS"):
+        ts.parse_setting("3x4")
+
+
+def _seq(sid: str, tokens: list[int], labels: list[int], prompt: int) -> DataSequence:
+    T = len(tokens)
+    return DataSequence(id=sid, tokens=torch.tensor(tokens), prompt_len=prompt,
+                        aux=torch.zeros(T - 1, 2), final=None, labels=torch.tensor(labels),
+                        assistant=torch.tensor([i >= prompt for i in range(T)]),
+                        topk_idx=torch.zeros(T - 1, 1, dtype=torch.int32),
+                        topk_p=torch.ones(T - 1, 1, dtype=torch.float16))
+
+
+def test_ngram_reference_scores_the_rows_the_trainer_scores():
+    tl = load_benchmark("train_levers")
+    # row i is scored when x_{i+1} and x_{i+2} are answer tokens; its label is labels[i+1]
+    train = [_seq("t0", [9, 1, 2, 1, 2, 1], [0, 5, 6, 5, 6], prompt=1),  # 1->5 x2, 2->6 x2
+             _seq("t1", [9, 4, 2, 3], [0, 7, 7], prompt=1)]               # 4->7, 2->7, (4,2)->7
+    held = [_seq("h0", [9, 1, 2, 3, 4, 2, 1], [0, 5, 6, 0, 0, 7], prompt=1)]
+    # held rows (x_i, x_{i+1}) -> label: (9,1)->5 both hit; (1,2)->6 both hit; (2,3)->0 both
+    # miss (3 unseen); (3,4)->0 both miss; (4,2)->7: unigram says 6 (2 of 3), bigram says 7
+    ref = tl.ngram_reference(train, held)
+    assert ref == {"heldout_rows": 5, "unigram_top1": 0.4, "bigram_top1": 0.6}
