@@ -65,10 +65,12 @@ serve-cpu: draft $(SMOLLM2_HF)/config.json
 		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT_DIR) \
 		--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
 
-# The same draft through real SGLang: target-only, then EAGLE-3, measured with SGLang's own client
-# (python -m sglang.benchmark.serving) on 16 MT-Bench first turns; JSON + PNG in benchmarks/results.
+# The same draft through real SGLang: target-only, EAGLE-3 and EAGLE-3 with stock SGLang's capture,
+# measured in rotation with SGLang's own client (python -m sglang.benchmark.serving) on 16 MT-Bench
+# first turns at concurrency 1 and 4; JSON + PNG in benchmarks/results.
 serve-demo: draft $(SMOLLM2_HF)/config.json
-	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(DRAFT_DIR) --target $(SMOLLM2_HF)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(DRAFT_DIR) --target $(SMOLLM2_HF) \
+		--concurrency 1 4 --stock
 
 test: setup
 	$(PY) -m pytest -q tests

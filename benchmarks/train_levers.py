@@ -37,11 +37,14 @@ VARIANTS: dict[str, tuple[str, list[str], float]] = {
     "baseline": ("baseline", [], 1.0),
     "lr-6e-3": ("learning rate", ["--lr", "6e-3"], 1.0),
     "lr-6e-4": ("learning rate", ["--lr", "6e-4"], 1.0),
+    "lr-2e-4": ("learning rate", ["--lr", "2e-4"], 1.0),
     "mlp-4096": ("draft MLP width", ["--intermediate-size", "4096"], 1.0),
     "layers-2": ("draft layers", ["--draft-layers", "2"], 1.0),
     "ttt-1": ("TTT depth", ["--ttt-steps", "1"], 1.0),
     "batch-2048": ("batch tokens", ["--batch-tokens", "2048"], 0.25),
     "threads-2": ("threads", ["--threads", "2"], 1.0),
+    # `make draft`'s finished 4,000-step draft (lr 2e-3), trained on at a lower lr
+    "continue-6e-4": ("init from a trained draft", ["--init-from", "{make_draft}", "--lr", "6e-4"], 1.0),
 }
 VOCAB_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -50,7 +53,7 @@ def train_command(name: str, flags: list[str], steps: int, args: argparse.Namesp
     base = {"--threads": "1", "--lr": "2e-3", "--ttt-steps": "3", "--batch-tokens": "512"}
     it = iter(flags)
     for k in it:
-        base[k] = next(it)
+        base[k] = next(it).format(make_draft=args.make_draft)
     cmd = [sys.executable, "-m", "eagle3_backend", "train", "--target", "bundled",
            "--dataset", "sharegpt", "--source", "teacher", "--teacher-tokens", str(args.teacher_tokens),
            "--max-seq-tokens", "512", "--teacher-cache", str(args.teacher_cache),
@@ -172,6 +175,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted(VARIANTS), default=None)
     ap.add_argument("--teacher-cache", type=Path, default=CACHE)
     ap.add_argument("--teacher-tokens", type=int, default=256000)
+    ap.add_argument("--make-draft", default=str(Path.home() / ".cache" / "eagle3-backend" / "drafts" /
+                                                "smollm2-fd7efaa77837"),
+                    help="the finished `make draft` draft the continue-* variants start from")
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "train-levers"))
     ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="train-levers")
