@@ -26,11 +26,12 @@ demo: setup
 # A trained EAGLE-3 draft for the bundled SmolLM2 target, teacher-forced: the target reads
 # 256k tokens of whole ShareGPT chats once (one core, ~92 tok/s measured on this loaded 2-core
 # machine, ~150-230 uncontended), then 8 epochs of TTT training, one thread, fixed seed (hours).
+# lr 6e-4: the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in benchmarks/train_levers.py.
 # Everything lives outside the clone, keyed by the arguments: the sharded teacher cache, the
 # training state (checkpointed every 100 steps) and the draft. Rerunning `make draft` after
 # a kill or a reboot continues where it stopped; a finished draft is reused.
 DRAFT_TRAIN_ARGS ?= --source teacher --teacher-tokens 256000 --max-seq-tokens 512 --epochs 8 \
-	--eval-every 500 --checkpoint-every 100 --seed 0 --threads 1
+	--lr 6e-4 --eval-every 500 --checkpoint-every 100 --seed 0 --threads 1
 DRAFT_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
 DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(DRAFT_KEY)
