@@ -100,7 +100,7 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
                 if proc.returncode != 0:
                     raise SystemExit(f"[{name}] sglang.benchmark.serving failed ({proc.returncode}):\n"
                                      f"{proc.stderr[-3000:]}")
-                rep = json.loads(path.read_text().strip().splitlines()[-1])
+                rep = slim(json.loads(path.read_text().strip().splitlines()[-1]), runs[name])
                 lv = runs[name]["levels"][str(c)]
                 lv["bench_command"] = ["python", *cmd[1:]]
                 lv["rounds"].append(rep)
@@ -110,6 +110,16 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
         for lv in run["levels"].values():
             lv["report"] = combine(lv["rounds"])
     return runs
+
+
+def slim(rep: dict, run: dict) -> dict:
+    """The client's report without its bulk: SGLang's server info is kept once per server
+    (``run["server_info"]``), per-token latencies as the report's own percentiles only."""
+    info = rep.pop("server_info", None)
+    if info is not None:
+        run.setdefault("server_info", info)
+    rep.pop("itls", None)
+    return rep
 
 
 def combine(reps: list[dict]) -> dict:

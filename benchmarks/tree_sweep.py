@@ -97,6 +97,8 @@ def main() -> None:
                     inner, {f"eagle3-{steps}-{topk}-{tokens}": (
                         ServerSpec(str(target), draft, steps, topk, tokens), {})}, work, pypath)
                 pair = serve_demo.measure({"target-only": base_srv, **srv}, args, work, dataset, n)
+            if runs:   # target-only's server info is the first pair's
+                pair["target-only"].pop("server_info", None)
             runs[name] = pair
             base = pair["target-only"]["levels"]["1"]["report"]
             rep = next(v for k, v in pair.items() if k != "target-only")["levels"]["1"]["report"]

@@ -57,6 +57,15 @@ def test_serve_demo_rounds_combine_as_tokens_over_seconds():
     assert sd.combine(reps)["rounds_identical"] is False
 
 
+def test_serve_demo_keeps_the_server_info_once_and_no_per_token_latencies():
+    sd = load_benchmark("serve_demo")
+    run: dict = {}
+    first = sd.slim({"server_info": {"v": 1}, "itls": [0.1] * 64, "median_itl_ms": 100.0}, run)
+    second = sd.slim({"server_info": {"v": 2}, "itls": [0.1] * 64, "median_itl_ms": 90.0}, run)
+    assert first == {"median_itl_ms": 100.0} and second == {"median_itl_ms": 90.0}
+    assert run == {"server_info": {"v": 1}}
+
+
 def test_tree_sweep_settings_parse_or_name_the_expected_form():
     ts = load_benchmark("tree_sweep")
     assert ts.parse_setting("3,4,8") == (3, 4, 8)
