@@ -63,6 +63,19 @@ def bench_command(url: str, target: Path, dataset: Path, n: int, tokens: int, co
             "--output-file", str(out), "--output-details", "--disable-tqdm"]
 
 
+def prepare(args: argparse.Namespace) -> tuple[Path, Path, Path, int, tuple[str, ...]]:
+    """(work dir, fp32 target dir, MT-Bench dataset file, its prompt count, the servers'
+    PYTHONPATH with this checkout's entry points) from --workdir, --target and --prompts."""
+    from eagle3_backend.cpu.target_convert import convert_gguf_to_hf
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    target = convert_gguf_to_hf(args.target, dtype="float32")
+    dataset = work / "mt-bench-first-turns.jsonl"
+    n = write_dataset(dataset, args.prompts)
+    return work, target, dataset, n, (str(entry_point_site(ROOT / "pyproject.toml", work / "site")), str(ROOT))
+
+
 def start_servers(stack: contextlib.ExitStack, specs: dict[str, tuple[ServerSpec, dict[str, str]]],
                   work: Path, pypath: tuple[str, ...]) -> dict[str, CpuServer]:
     """Every server of ``specs`` (name -> (spec, extra env)) started and kept up in ``stack``."""
@@ -130,6 +143,16 @@ def combine(reps: list[dict]) -> dict:
             "rounds_identical": all(x["generated_texts"] == reps[0]["generated_texts"] for x in reps)}
 
 
+def versus(base: dict, rep: dict) -> dict:
+    """A speculative server's combined report against target-only's: SGLang's acceptance,
+    tok/s, speed-up and how many outputs are identical."""
+    same = [a == b for a, b in zip(base["generated_texts"], rep["generated_texts"])]
+    return {"accept_length": round(rep["accept_length"], 3) if rep.get("accept_length") else None,
+            "tok_s": round(rep["output_throughput"], 3),
+            "speedup": round(rep["output_throughput"] / base["output_throughput"], 3),
+            "outputs_identical": f"{sum(same)}/{len(same)}"}
+
+
 def summarize(runs: dict, n: int) -> dict:
     """Per concurrency level: acceptance, tok/s of each server, speed-up, plugin / stock, identical."""
     levels = {}
@@ -137,15 +160,8 @@ def summarize(runs: dict, n: int) -> dict:
         base = lv["report"]
         row: dict = {"tok_s_target_only": round(base["output_throughput"], 3)}
         for name in ("eagle3", "stock"):
-            if name not in runs:
-                continue
-            rep = runs[name]["levels"][c]["report"]
-            same = [a == b for a, b in zip(base["generated_texts"], rep["generated_texts"])]
-            key = "eagle3" if name == "eagle3" else "stock"
-            row[f"accept_length_{key}"] = round(rep["accept_length"], 3) if rep.get("accept_length") else None
-            row[f"tok_s_{key}"] = round(rep["output_throughput"], 3)
-            row[f"speedup_{key}"] = round(rep["output_throughput"] / base["output_throughput"], 3)
-            row[f"outputs_identical_{key}"] = f"{sum(same)}/{len(same)}"
+            if name in runs:
+                row.update({f"{k}_{name}": v for k, v in versus(base, runs[name]["levels"][c]["report"]).items()})
         if "stock" in runs:
             row["plugin_over_stock"] = round(row["tok_s_eagle3"] / row["tok_s_stock"], 3)
             a = runs["eagle3"]["levels"][c]["report"]["generated_texts"]
@@ -203,15 +219,9 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "serve_demo"))
     args = ap.parse_args()
 
-    from eagle3_backend.cpu.target_convert import convert_gguf_to_hf
     from eagle3_backend.verify.report import environment
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    target = convert_gguf_to_hf(args.target, dtype="float32")
-    dataset = work / "mt-bench-first-turns.jsonl"
-    n = write_dataset(dataset, args.prompts)
-    pypath = (str(entry_point_site(ROOT / "pyproject.toml", work / "site")), str(ROOT))
+    work, target, dataset, n, pypath = prepare(args)
     draft = str(Path(args.draft).resolve())
     eagle = ServerSpec(str(target), draft, args.num_steps, args.topk, args.draft_tokens)
     specs = {"target-only": (ServerSpec(str(target)), {}), "eagle3": (eagle, {})}

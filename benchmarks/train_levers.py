@@ -49,17 +49,22 @@ VARIANTS: dict[str, tuple[str, list[str], float]] = {
 VOCAB_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def train_command(name: str, flags: list[str], steps: int, args: argparse.Namespace) -> list[str]:
+def variant_flags(flags: list[str], args: argparse.Namespace) -> dict[str, str]:
+    """The baseline's flags with a variant's changes applied."""
     base = {"--threads": "1", "--lr": "2e-3", "--ttt-steps": "3", "--batch-tokens": "512"}
     it = iter(flags)
     for k in it:
         base[k] = next(it).format(make_draft=args.make_draft)
+    return base
+
+
+def train_command(name: str, flags: dict[str, str], steps: int, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "eagle3_backend", "train", "--target", "bundled",
            "--dataset", "sharegpt", "--source", "teacher", "--teacher-tokens", str(args.teacher_tokens),
            "--max-seq-tokens", "512", "--teacher-cache", str(args.teacher_cache),
            "--steps", str(steps), "--eval-every", str(max(1, steps // 2)), "--seed", "0",
            "--no-progress", "--out", str(Path(args.workdir) / name), "--force"]
-    for k, v in base.items():
+    for k, v in flags.items():
         cmd += [k, v]
     return cmd
 
@@ -67,12 +72,12 @@ def train_command(name: str, flags: list[str], steps: int, args: argparse.Namesp
 def run_variant(name: str, args: argparse.Namespace) -> dict:
     lever, flags, mult = VARIANTS[name]
     steps = max(1, round(args.steps * mult))
-    cmd = train_command(name, flags, steps, args)
+    settings = variant_flags(flags, args)
+    cmd = train_command(name, settings, steps, args)
     report_path = Path(args.workdir) / name / "train_report.json"
     if not report_path.is_file():
         print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
-        threads = dict(zip(cmd[::2], cmd[1::2])).get("--threads") or "1"
-        env = {**os.environ, "OMP_NUM_THREADS": threads}
+        env = {**os.environ, "OMP_NUM_THREADS": settings["--threads"]}
         t0 = time.time()
         log = Path(args.workdir) / f"{name}.log"
         with open(log, "w") as f:
@@ -93,13 +98,16 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
 
 def _cache_split(cache_dir: Path, max_tokens: int) -> tuple[list, list, int, int]:
     from eagle3_backend.train.teacher import TeacherCache, heldout_conversation
+    from eagle3_backend.train.trainer import TrainSettings
 
     meta = json.loads((cache_dir / TeacherCache.META).read_text())
     cache = TeacherCache(cache_dir, meta["identity"])
     V, H = cache.read_target()[1].shape
-    seqs = cache.sequences(max_tokens)
-    train = [s for s in seqs if not heldout_conversation(s.id, 0.05)]
-    return train, [s for s in seqs if heldout_conversation(s.id, 0.05)], int(V), int(H)
+    fraction = TrainSettings().heldout_fraction   # the runs' split (`eagle3 train`'s default)
+    train, held = [], []
+    for s in cache.sequences(max_tokens):
+        (held if heldout_conversation(s.id, fraction) else train).append(s)
+    return train, held, int(V), int(H)
 
 
 def vocab_coverage(train: list, held: list, V: int, H: int) -> dict:

@@ -25,7 +25,7 @@ sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys
 
 import serve_demo  # noqa: E402
 
-from eagle3_backend.cpu.launch import ServerSpec, entry_point_site  # noqa: E402
+from eagle3_backend.cpu.launch import ServerSpec  # noqa: E402
 
 DEFAULT_SETTINGS = ("1,1,2", "2,1,3", "3,1,4", "5,1,6", "2,4,4", "3,4,8", "4,8,16")
 
@@ -75,15 +75,9 @@ def main() -> None:
     args.concurrency = [1]
     settings = [parse_setting(s) for s in args.settings]
 
-    from eagle3_backend.cpu.target_convert import convert_gguf_to_hf
     from eagle3_backend.verify.report import environment
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    target = convert_gguf_to_hf(args.target, dtype="float32")
-    dataset = work / "mt-bench-first-turns.jsonl"
-    n = serve_demo.write_dataset(dataset, args.prompts)
-    pypath = (str(entry_point_site(ROOT / "pyproject.toml", work / "site")), str(ROOT))
+    work, target, dataset, n, pypath = serve_demo.prepare(args)
     draft = str(Path(args.draft).resolve())
     runs: dict = {}
     rows = []
@@ -102,13 +96,9 @@ def main() -> None:
             runs[name] = pair
             base = pair["target-only"]["levels"]["1"]["report"]
             rep = next(v for k, v in pair.items() if k != "target-only")["levels"]["1"]["report"]
-            same = sum(a == b for a, b in zip(base["generated_texts"], rep["generated_texts"]))
             rows.append({"setting": name, "num_steps": steps, "topk": topk, "num_draft_tokens": tokens,
-                         "accept_length": round(rep["accept_length"], 3) if rep.get("accept_length") else None,
-                         "tok_s": round(rep["output_throughput"], 3),
-                         "tok_s_target_only": round(base["output_throughput"], 3),
-                         "speedup": round(rep["output_throughput"] / base["output_throughput"], 3),
-                         "outputs_identical": f"{same}/{n}"})
+                         **serve_demo.versus(base, rep),
+                         "tok_s_target_only": round(base["output_throughput"], 3)})
             print(f"{name:>8s}: acceptance {rows[-1]['accept_length']} | {rows[-1]['tok_s']:.2f} tok/s vs "
                   f"{rows[-1]['tok_s_target_only']:.2f} | {rows[-1]['speedup']:.2f}x | identical "
                   f"{rows[-1]['outputs_identical']}", flush=True)

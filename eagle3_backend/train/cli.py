@@ -322,8 +322,7 @@ def _init_from(model: Any, path: Path, target_info: Any, layout: Any, vocab: Any
     else:  # written in layer order; trained in the run's order
         init = to_layout(init, layout)
     theirs = init.state_dict.get("d2t")
-    if theirs is None or theirs.numel() != vocab.size or not torch.equal(
-            theirs.long() + torch.arange(theirs.numel()), vocab.target_ids):
+    if theirs is None or theirs.shape != vocab.d2t.shape or not torch.equal(theirs.long(), vocab.d2t):
         problems.append(f"its draft vocabulary ({init.config.draft_vocab_size} ids) is not this "
                         f"run's ({vocab.size} ids from the data)")
     mine = model.state_dict()
