@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -23,25 +23,39 @@ demo: setup
 	$(PY) -m eagle3_backend eval --draft $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF) \
 		--dataset mt-bench --limit 2 --max-new-tokens 32 --threads 1 --dtype float32
 
-# A trained EAGLE-3 draft for the bundled SmolLM2 target, teacher-forced: the target reads
-# 256k tokens of whole ShareGPT chats once (one core, ~92 tok/s measured on this loaded 2-core
-# machine, ~150-230 uncontended), then 8 epochs of TTT training, one thread, fixed seed (hours).
-# lr 6e-4: the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in benchmarks/train_levers.py.
-# Everything lives outside the clone, keyed by the arguments: the sharded teacher cache, the
-# training state (checkpointed every 100 steps) and the draft. Rerunning `make draft` after
-# a kill or a reboot continues where it stopped; a finished draft is reused.
+# A trained EAGLE-3 draft for the bundled SmolLM2 target, in two stages, one thread, fixed seed
+# (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
+# (one core, ~92 tok/s measured on this loaded 2-core machine, ~150-230 uncontended), then 8
+# epochs of TTT training at lr 6e-4 (the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in
+# benchmarks/train_levers.py). Stage 2 starts from stage 1's weights and trains on the target's
+# own greedy answers (192 tokens at most) to other ShareGPT first turns (~80 tok/s generated):
+# the text the draft meets when served.
+# Everything lives outside the clone, keyed by the arguments: the sharded caches, the training
+# states (checkpointed every 100 steps) and the drafts. Rerunning `make draft` after a kill or
+# a reboot continues where it stopped; a finished stage is reused.
 DRAFT_TRAIN_ARGS ?= --source teacher --teacher-tokens 256000 --max-seq-tokens 512 --epochs 8 \
 	--lr 6e-4 --eval-every 500 --checkpoint-every 100 --seed 0 --threads 1
-DRAFT_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
+DRAFT_ANSWER_ARGS ?= --source teacher --answers target --teacher-tokens 160000 --max-new-tokens 192 \
+	--steps 2000 --lr 6e-4 --eval-every 500 --checkpoint-every 100 --seed 0 --threads 1
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
-DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(DRAFT_KEY)
-DRAFT_STATE ?= $(DRAFT_HOME)/train-state/smollm2-$(DRAFT_KEY)
+STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
+STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
+DRAFT_KEY = $(shell echo '$(STAGE1_KEY) $(DRAFT_ANSWER_ARGS)' | sha256sum | cut -c1-12)
+DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-answers-$(DRAFT_KEY)
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
+ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
 
-draft: setup
+draft-stage1: setup
+	@if [ -f $(STAGE1_DIR)/train_report.json ]; then echo "draft stage 1: $(STAGE1_DIR) (cached)"; else \
+		OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt \
+			$(DRAFT_TRAIN_ARGS) --teacher-cache $(TEACHER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-$(STAGE1_KEY) --out $(STAGE1_DIR) --force; fi
+
+draft: draft-stage1
 	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
 		OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt \
-			$(DRAFT_TRAIN_ARGS) --teacher-cache $(TEACHER_CACHE) --checkpoint-dir $(DRAFT_STATE) \
+			$(DRAFT_ANSWER_ARGS) --init-from $(STAGE1_DIR) --teacher-cache $(ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-answers-$(DRAFT_KEY) \
 			--out $(DRAFT_DIR) --force; fi
 
 # The README's verifier figure: MT-Bench (never in the training data), fp32, greedy.

@@ -81,6 +81,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="generated: the target's own greedy answers to --num-prompts prompts; "
                         "teacher: one teacher-forced pass of the target over whole recorded "
                         "chats (--teacher-tokens); mix: both (default generated)")
+    g.add_argument("--answers", default="recorded", choices=("recorded", "target"),
+                   help="the teacher-forced chats' assistant turns: recorded (their own) or "
+                        "target (the target's greedy answer to each chat's first user turn, "
+                        "--max-new-tokens at most, generated once into the sharded cache; "
+                        "the data the draft meets when served; default recorded)")
     g.add_argument("--teacher-tokens", type=int, default=200_000, metavar="N",
                    help="tokens of teacher-forced conversations to train on, held-out ones "
                         "included (whole cache shards; the cache grows to this; default 200000)")
@@ -244,6 +249,9 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
                 "topk": args.topk, "max_seq_tokens": args.max_seq_tokens,
                 "store_dtype": "bfloat16", "teacher_dtype": args.teacher_dtype, "dataset": ds,
                 "order_seed": args.seed, "heldout_fraction": args.heldout_fraction}
+    if args.answers == "target":      # recorded caches keep the identity they were written with
+        identity["answers"] = {"by": "target, greedy", "max_new_tokens": args.max_new_tokens,
+                               "max_prompt_tokens": args.max_prompt_tokens}
     cache = tf.TeacherCache(cache_dir, identity)
     encode = lambda c: tf.encode_conversation(target.tokenizer, c, args.max_seq_tokens)  # noqa: E731
     if not cache.shards and not (cache.dir / "target.safetensors").is_file():
@@ -255,10 +263,17 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
         cache.write_vocab(vocab.target_ids, embed)
     draft_ids, embed = cache.read_target()
     t1 = time.perf_counter()
-    complete = tf.fill_cache(cache, target, convs, encode, layout, draft_ids, k=args.topk,
-                             store_dtype="bfloat16", want_tokens=args.teacher_tokens,
-                             batch_tokens=args.teacher_batch_tokens, deadline=deadline,
-                             progress=progress)
+    if args.answers == "target":
+        complete = tf.fill_cache_answers(
+            cache, target, convs, layout, draft_ids, k=args.topk, store_dtype="bfloat16",
+            want_tokens=args.teacher_tokens, max_new_tokens=args.max_new_tokens,
+            max_prompt_tokens=args.max_prompt_tokens, gen_batch=args.gen_batch,
+            deadline=deadline, progress=progress)
+    else:
+        complete = tf.fill_cache(cache, target, convs, encode, layout, draft_ids, k=args.topk,
+                                 store_dtype="bfloat16", want_tokens=args.teacher_tokens,
+                                 batch_tokens=args.teacher_batch_tokens, deadline=deadline,
+                                 progress=progress)
     pass_s = time.perf_counter() - t1
     if not complete and args.checkpoint_dir:
         raise Unfinished(f"the teacher-forced data pass stopped at the --minutes budget with "
@@ -267,7 +282,7 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
     if not seqs:
         raise Eagle3Error(f"teacher cache {cache.dir} holds no conversations yet; raise "
                           "--minutes so the data pass can write a shard.")
-    info = {"cache_dir": str(cache.dir), "shards": len(cache.shards),
+    info = {"cache_dir": str(cache.dir), "answers": args.answers, "shards": len(cache.shards),
             "cache_tokens": cache.tokens, "tokens_used": sum(int(s.tokens.shape[0]) for s in seqs),
             "conversations_used": len(seqs), "conversations_available": len(convs),
             **{f"dataset_{k}": v for k, v in counts.items()},
@@ -399,6 +414,9 @@ def _run_train(args: argparse.Namespace) -> int:
                  "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.answers == "target" and args.source == "generated":
+        raise Eagle3Error("--answers target chooses the assistant turns of the teacher-forced "
+                          "data; use it with --source teacher (or mix).")
     if args.minutes is not None and not args.minutes > 0:
         raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
     torch.set_num_threads(args.threads)

@@ -323,6 +323,7 @@ class TeacherCache:
                   next_conversation: int, seconds: float) -> None:
         from safetensors.torch import save_file
 
+        self.dir.mkdir(parents=True, exist_ok=True)
         n = len(self.shards)
         name = f"shard-{n:05d}.safetensors"
         tensors = {
@@ -448,6 +449,86 @@ def fill_cache(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
                              for j, c in enumerate(chunk)],
                             next_conversation=pos, seconds=time.perf_counter() - t0)
             done += n
+            logger.info("teacher cache %s: %d shards, %d tokens", cache.dir, len(cache.shards),
+                        cache.tokens)
+    finally:
+        if bar is not None:
+            bar.close()
+    return True
+
+
+def first_turn_prompt(conv: Conversation) -> Any:
+    """The conversation up to its first user turn (a system turn before it kept), as the
+    verify ``Prompt`` that ``eagle3 eval`` and the server render; None when it opens
+    with no user turn."""
+    from eagle3_backend.verify.datasets import Prompt
+
+    for k, (role, _) in enumerate(conv.messages):
+        if role == "user":
+            return Prompt(conv.id, conv.messages[:k + 1])
+        if role != "system":
+            return None
+    return None
+
+
+def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
+                       layout: Layout, draft_ids: torch.Tensor, *, k: int, store_dtype: str,
+                       want_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
+                       gen_batch: int = 32, shard_prompts: int = 128,
+                       deadline: float | None = None, progress: bool = False) -> bool:
+    """:func:`fill_cache` with the target's own greedy answers as the assistant turns.
+
+    Each conversation's first user turn (through the chat template, as served; longer
+    than ``max_prompt_tokens`` skipped) is answered greedily, ``max_new_tokens`` at most,
+    in length-sorted batches of ``gen_batch``, capturing the layout's states as the
+    answer is generated, so the stored tokens are the ones the target produced and no
+    second pass runs. Labels are the target's argmax (the next answer token); the top-k
+    teachers come from its final states over the draft vocabulary. ``shard_prompts``
+    prompts make a shard; the cache resumes after the last complete one."""
+    from eagle3_backend.train.data import generate_batch
+    from eagle3_backend.train.trainer import to_topk
+    from eagle3_backend.verify.datasets import render_prompt
+
+    need = want_tokens - cache.tokens
+    if need <= 0 or cache.next_conversation >= len(convs):
+        return True
+    head = target.model.get_output_embeddings().weight.detach()[draft_ids].float()
+    store = DTYPES[store_dtype]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=need, desc="data: target answers", unit="tok", unit_scale=True,
+                   smoothing=0.05)
+    done, pos = 0, cache.next_conversation
+    try:
+        while done < need and pos < len(convs):
+            t0 = time.perf_counter()
+            chunk: list[tuple[str, list[int]]] = []
+            while pos < len(convs) and len(chunk) < shard_prompts:
+                p = first_turn_prompt(convs[pos])
+                ids = render_prompt(target.tokenizer, p) if p is not None else []
+                if 0 < len(ids) <= max_prompt_tokens:
+                    chunk.append((convs[pos].id, ids))
+                pos += 1
+            if not chunk:
+                break
+            chunk.sort(key=lambda c: len(c[1]))
+            records = []
+            for i in range(0, len(chunk), gen_batch):
+                part = chunk[i:i + gen_batch]
+                seqs, _ = generate_batch(target, [c[1] for c in part], [c[0] for c in part],
+                                         layout, max_new_tokens, store)
+                for s in to_topk(seqs, head, k):
+                    records.append((s.id, s.tokens.tolist(), s.assistant.tolist(), {
+                        "aux": s.aux, "labels": s.labels.to(torch.int32),
+                        "topk_idx": s.topk_idx, "topk_p": s.topk_p}))
+                    if bar is not None:
+                        bar.update(int(s.tokens.shape[0]))
+                if deadline is not None and time.perf_counter() > deadline:
+                    return False
+            cache.add_shard(records, next_conversation=pos, seconds=time.perf_counter() - t0)
+            done += sum(len(r[1]) for r in records)
             logger.info("teacher cache %s: %d shards, %d tokens", cache.dir, len(cache.shards),
                         cache.tokens)
     finally:

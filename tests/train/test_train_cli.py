@@ -155,3 +155,33 @@ def test_train_refuses_a_file_of_mtbench_questions(tmp_path, tiny_target_dir, ca
     err = capsys.readouterr().err
     assert f"all 80 prompts of {mtbench_path()} are MT-Bench questions" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_train_on_the_targets_own_answers_records_them_and_keeps_caches_apart(
+        tmp_path, tiny_target_dir, capsys):
+    from test_train_resume import _argv
+    from test_train_teacher import write_conversation_file
+
+    convs = tmp_path / "convs.jsonl"
+    write_conversation_file(convs, 6)
+    cache = tmp_path / "answers"
+    argv = _argv(tiny_target_dir, convs, cache, tmp_path / "out", tmp_path / "ckpt",
+                 "--answers", "target", "--max-new-tokens", "4")
+    argv[argv.index("--steps") + 1] = "3"
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out" / "train_report.json").read_text())
+    assert report["data"]["teacher"]["answers"] == "target"
+    meta = json.loads((cache / "meta.json").read_text())
+    assert meta["identity"]["answers"] == {"by": "target, greedy", "max_new_tokens": 4,
+                                           "max_prompt_tokens": 256}
+    # every stored answer is at most 4 target tokens after the rendered first user turn
+    assert all(1 <= s["assistant_tokens"] <= 4 * s["sequences"] for s in meta["shards"])
+    capsys.readouterr()
+    recorded = _argv(tiny_target_dir, convs, cache, tmp_path / "o2", tmp_path / "c2")
+    assert main(recorded) == 2                     # a recorded-answers run on that cache
+    assert "answers: cache has {'by': 'target, greedy'" in capsys.readouterr().err
+    generated = [a for a in argv if a not in ("teacher",)]
+    generated[generated.index("--source") + 1:generated.index("--source") + 1] = ["generated"]
+    assert main(generated) == 2
+    assert ("--answers target chooses the assistant turns of the teacher-forced data; use it "
+            "with --source teacher (or mix).") in capsys.readouterr().err

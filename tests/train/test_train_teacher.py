@@ -172,3 +172,50 @@ def test_heldout_is_stable_by_id():
     assert 60 <= len(held) <= 140                                      # about 5%
     assert held == [i for i in ids if tf.heldout_conversation(i, 0.05)]
     assert not any(tf.heldout_conversation(i, 0.0) for i in ids)
+
+
+def test_target_answers_are_the_targets_greedy_replies_and_resume_by_shard(tmp_path, tiny_target):
+    """--answers target: each chat's first user turn (system turn kept) rendered as served,
+    answered greedily; the stored states, labels and top-k are those a prefill of the
+    stored tokens gives; a killed pass resumes after its last shard to the same data."""
+    import time
+
+    from eagle3_backend.verify.datasets import render_prompt
+
+    tok = tiny_target.tokenizer
+    convs = [tf.Conversation("sys", (("system", "You are terse."), ("user", "Name a fish."),
+                                     ("assistant", "Cod."))),
+             tf.Conversation("long", (("user", "sea " * 200), ("assistant", "Yes."))),
+             *conversations(4)]
+    vocab = torch.arange(64) * 5
+    kw = dict(k=4, store_dtype="float32", max_new_tokens=5, max_prompt_tokens=60, gen_batch=2,
+              shard_prompts=2)
+    one = tf.TeacherCache(tmp_path / "one", _identity())
+    assert tf.fill_cache_answers(one, tiny_target, convs, LAYOUT, vocab, want_tokens=10**6, **kw)
+    assert [s["sequences"] for s in one.shards] == [2, 2, 1] and one.next_conversation == 6
+    seqs = one.sequences()
+    assert sorted(s.id for s in seqs) == ["c0", "c1", "c2", "c3", "sys"]      # "long" skipped
+    by_id = {c.id: c for c in convs}
+    for s in seqs:
+        prompt = render_prompt(tok, tf.first_turn_prompt(by_id[s.id]))
+        P, L = len(prompt), int(s.tokens.shape[0])
+        assert s.tokens[:P].tolist() == prompt and s.prompt_len == P and 1 <= L - P <= 5
+        assert s.assistant.tolist() == [False] * P + [True] * (L - P)
+        ref = tf.teacher_batch(tiny_target, [s.tokens.tolist()], LAYOUT, vocab, 4, torch.float32)[0]
+        assert s.labels[P - 1:].tolist() == ref["labels"][P - 1:].tolist() == s.tokens[P:].tolist()
+        assert s.topk_idx[P - 1:].tolist() == ref["topk_idx"][P - 1:].tolist()
+        torch.testing.assert_close(s.aux, ref["aux"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(s.topk_p.float(), ref["topk_p"].float(), rtol=1e-3, atol=1e-4)
+    assert "You are terse." in tok.decode(next(s for s in seqs if s.id == "sys").tokens)
+
+    part = tf.TeacherCache(tmp_path / "part", _identity())
+    assert not tf.fill_cache_answers(part, tiny_target, convs, LAYOUT, vocab, want_tokens=10**6,
+                                     deadline=time.perf_counter() - 1, **kw)
+    assert part.shards == [] and part.next_conversation == 0               # nothing half-written
+    assert tf.fill_cache_answers(part, tiny_target, convs, LAYOUT, vocab, want_tokens=1, **kw)
+    assert len(part.shards) == 1
+    assert tf.fill_cache_answers(tf.TeacherCache(tmp_path / "part", _identity()), tiny_target,
+                                 convs, LAYOUT, vocab, want_tokens=10**6, **kw)
+    again = tf.TeacherCache(tmp_path / "part", _identity()).sequences()
+    assert [(s.id, s.tokens.tolist()) for s in again] == [(s.id, s.tokens.tolist()) for s in seqs]
+    assert all(torch.equal(a.aux, b.aux) for a, b in zip(again, seqs))
