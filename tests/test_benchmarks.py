@@ -92,3 +92,22 @@ def test_ngram_reference_scores_the_rows_the_trainer_scores():
     # miss (3 unseen); (3,4)->0 both miss; (4,2)->7: unigram says 6 (2 of 3), bigram says 7
     ref = tl.ngram_reference(train, held)
     assert ref == {"heldout_rows": 5, "unigram_top1": 0.4, "bigram_top1": 0.6}
+
+
+def test_profile_serve_sorts_main_thread_samples_into_phases_and_ops():
+    ps = load_benchmark("profile_serve")
+    main = "run_scheduler_process (scheduler.py:1);Scheduler.run_event_loop (scheduler.py:2)"
+    raw = "\n".join([
+        f"{main};run_eagle_verify (c.py:1);LogitsProcessor.forward (l.py:1) 3",
+        f"{main};run_eagle_verify (c.py:1);LlamaModel;packed_linear (p.py:9) 5",
+        f"{main};run_eagle_verify (c.py:1);RMSNorm.forward_native (n.py:1) 2",
+        f"{main};EagleDraftWorker.draft (e.py:7);packed_linear (p.py:9) 4",
+        f"{main};EagleDraftWorker._draft_extend_for_decode (e.py:9);x 1",
+        f"{main};Scheduler.recv_requests (s.py:3) 5",
+        "Thread._bootstrap (threading.py:1);TMonitor.run (tqdm.py:1) 50",    # not the main thread
+    ])
+    total, phase, op = ps.shares(raw)
+    assert total == 20
+    assert dict(phase) == {"verify forward": 10, "draft steps": 4, "draft extend": 1, "other": 5}
+    assert op["verify forward", "lm_head"] == 3 and op["verify forward", "linear layers"] == 5
+    assert op["verify forward", "other"] == 2 and op["draft steps", "linear layers"] == 4
