@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft draft-stage1 eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -15,13 +15,18 @@ SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_targe
 
 setup: .venv/.setup-done
 
-demo: setup
-	@mkdir -p $(ARTIFACTS)
-	$(PY) -m eagle3_backend make-demo-draft $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF) --force
-	$(PY) -m eagle3_backend inspect $(ARTIFACTS)/demo-draft
-	$(PY) -m eagle3_backend validate $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF)
-	$(PY) -m eagle3_backend eval --draft $(ARTIFACTS)/demo-draft --target $(SMOLLM2_GGUF) \
-		--dataset mt-bench --limit 2 --max-new-tokens 32 --threads 1 --dtype float32
+# The shipped draft (`make ship-draft` copies `make draft`'s result here), served by real SGLang on
+# this CPU against target-only: 8 MT-Bench first turns x 64 tokens, SGLang's own client, greedy.
+SHIPPED_DRAFT := drafts/smollm2-135m-eagle3
+SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
+$(SMOLLM2_HF)/config.json: | setup
+	$(PY) -c "from eagle3_backend.cpu.target_convert import convert_gguf_to_hf as c; c('$(SMOLLM2_HF)')"
+
+demo: setup $(SMOLLM2_HF)/config.json
+	$(PY) -m eagle3_backend inspect $(SHIPPED_DRAFT)
+	$(PY) -m eagle3_backend validate $(SHIPPED_DRAFT) --target $(SMOLLM2_GGUF)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
+		--prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
 
 # A trained EAGLE-3 draft for the bundled SmolLM2 target, in two stages, one thread, fixed seed
 # (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
@@ -51,6 +56,10 @@ draft-stage1: setup
 			$(DRAFT_TRAIN_ARGS) --teacher-cache $(TEACHER_CACHE) \
 			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-$(STAGE1_KEY) --out $(STAGE1_DIR) --force; fi
 
+ship-draft: draft
+	mkdir -p $(SHIPPED_DRAFT)
+	cp $(DRAFT_DIR)/config.json $(DRAFT_DIR)/model.safetensors $(DRAFT_DIR)/train_report.json $(SHIPPED_DRAFT)/
+
 draft: draft-stage1
 	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
 		OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt \
@@ -70,9 +79,6 @@ doctor-draft: draft
 	$(PY) -m eagle3_backend doctor $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench --limit 8 --threads 1
 
 # Real SGLang EAGLE-3 on this CPU (eagle3_backend.cpu): the bundled SmolLM2 as a HF dir + the draft.
-SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
-$(SMOLLM2_HF)/config.json: | setup
-	$(PY) -c "from eagle3_backend.cpu.target_convert import convert_gguf_to_hf as c; c('$(SMOLLM2_HF)')"
 
 serve-cpu: draft $(SMOLLM2_HF)/config.json
 	SGLANG_USE_CPU_ENGINE=1 $(PY) -m sglang.launch_server --model-path $(SMOLLM2_HF) --device cpu \

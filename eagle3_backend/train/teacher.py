@@ -395,6 +395,44 @@ def draft_vocab_counts(tokenizer: Any, convs: Sequence[Conversation], vocab_size
     return asst, every
 
 
+Record = tuple[str, list[int], list[bool], dict[str, torch.Tensor]]   # one conversation of a shard
+
+
+def _fill(cache: TeacherCache, n_convs: int, want_tokens: int,
+          make_shard: Callable[[int, int, Any], tuple[list[Record] | None, int]], *, desc: str,
+          deadline: float | None, progress: bool) -> bool:
+    """The shard loop both fills share: ``make_shard(pos, tokens still needed, bar)`` gives
+    the next shard's records (None: the deadline passed inside it) and the conversation
+    after them; each complete shard is written before the next begins."""
+    need = want_tokens - cache.tokens
+    if need <= 0 or cache.next_conversation >= n_convs:
+        return True
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=need, desc=desc, unit="tok", unit_scale=True, smoothing=0.05)
+    done, pos = 0, cache.next_conversation
+    try:
+        while done < need and pos < n_convs:
+            if deadline is not None and time.perf_counter() > deadline:
+                return False
+            t0 = time.perf_counter()
+            records, pos = make_shard(pos, need - done, bar)
+            if records is None:
+                return False
+            if not records:
+                break
+            cache.add_shard(records, next_conversation=pos, seconds=time.perf_counter() - t0)
+            done += sum(len(r[1]) for r in records)
+            logger.info("teacher cache %s: %d shards, %d tokens", cache.dir, len(cache.shards),
+                        cache.tokens)
+    finally:
+        if bar is not None:
+            bar.close()
+    return True
+
+
 def fill_cache(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
                encode: Callable[[Conversation], tuple[list[int], list[bool]] | None],
                layout: Layout, draft_ids: torch.Tensor, *, k: int, store_dtype: str,
@@ -403,58 +441,36 @@ def fill_cache(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
     """Extend the cache, from its next conversation on (``encode`` gives the token ids and
     assistant flags, None to skip one), until it holds ``want_tokens`` tokens or the
     conversations run out. Returns False when the deadline stopped it first."""
-    need = want_tokens - cache.tokens
-    if need <= 0 or cache.next_conversation >= len(convs):
-        return True
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=need, desc="data: teacher-forced prefill", unit="tok",
-                   unit_scale=True, smoothing=0.05)
-    done = 0
-    pos = cache.next_conversation
     store = DTYPES[store_dtype]
-    try:
-        while done < need and pos < len(convs):
+
+    def shard(pos: int, need: int, bar: Any) -> tuple[list[Record] | None, int]:
+        # the next conversations worth shard_tokens (or what is still needed)
+        chunk, n = [], 0
+        while pos < len(convs) and n < min(shard_tokens, need):
+            e = encode(convs[pos])
+            if e is not None:
+                chunk.append((convs[pos].id, *e))
+                n += len(e[0])
+            pos += 1
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
+        results: dict[int, dict[str, torch.Tensor]] = {}
+        batch: list[int] = []
+        for i in order + [None]:
+            if i is not None and (not batch or (len(batch) + 1) * len(chunk[i][1]) <= batch_tokens):
+                batch.append(i)
+                continue
+            for j, r in zip(batch, teacher_batch(target, [chunk[j][1] for j in batch],
+                                                 layout, draft_ids, k, store)):
+                results[j] = r
+                if bar is not None:
+                    bar.update(len(chunk[j][1]))
+            batch = [i] if i is not None else []
             if deadline is not None and time.perf_counter() > deadline:
-                return False
-            # one shard: the next conversations worth shard_tokens (or what is still needed)
-            t0 = time.perf_counter()
-            chunk, n = [], 0
-            while pos < len(convs) and n < min(shard_tokens, need - done):
-                e = encode(convs[pos])
-                if e is not None:
-                    chunk.append((pos, *e))
-                    n += len(e[0])
-                pos += 1
-            if not chunk:
-                break
-            order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
-            results: dict[int, dict[str, torch.Tensor]] = {}
-            batch: list[int] = []
-            for i in order + [None]:
-                if i is not None and (not batch or (len(batch) + 1) * len(chunk[i][1]) <= batch_tokens):
-                    batch.append(i)
-                    continue
-                for j, r in zip(batch, teacher_batch(target, [chunk[j][1] for j in batch],
-                                                     layout, draft_ids, k, store)):
-                    results[j] = r
-                    if bar is not None:
-                        bar.update(len(chunk[j][1]))
-                batch = [i] if i is not None else []
-                if deadline is not None and time.perf_counter() > deadline:
-                    return False
-            cache.add_shard([(convs[c[0]].id, c[1], c[2], results[j])
-                             for j, c in enumerate(chunk)],
-                            next_conversation=pos, seconds=time.perf_counter() - t0)
-            done += n
-            logger.info("teacher cache %s: %d shards, %d tokens", cache.dir, len(cache.shards),
-                        cache.tokens)
-    finally:
-        if bar is not None:
-            bar.close()
-    return True
+                return None, pos
+        return [(*c, results[j]) for j, c in enumerate(chunk)], pos
+
+    return _fill(cache, len(convs), want_tokens, shard, desc="data: teacher-forced prefill",
+                 deadline=deadline, progress=progress)
 
 
 def first_turn_prompt(conv: Conversation) -> Any:
@@ -489,49 +505,32 @@ def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Convers
     from eagle3_backend.train.trainer import to_topk
     from eagle3_backend.verify.datasets import render_prompt
 
-    need = want_tokens - cache.tokens
-    if need <= 0 or cache.next_conversation >= len(convs):
-        return True
     head = target.model.get_output_embeddings().weight.detach()[draft_ids].float()
     store = DTYPES[store_dtype]
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=need, desc="data: target answers", unit="tok", unit_scale=True,
-                   smoothing=0.05)
-    done, pos = 0, cache.next_conversation
-    try:
-        while done < need and pos < len(convs):
-            t0 = time.perf_counter()
-            chunk: list[tuple[str, list[int]]] = []
-            while pos < len(convs) and len(chunk) < shard_prompts:
-                p = first_turn_prompt(convs[pos])
-                ids = render_prompt(target.tokenizer, p) if p is not None else []
-                if 0 < len(ids) <= max_prompt_tokens:
-                    chunk.append((convs[pos].id, ids))
-                pos += 1
-            if not chunk:
-                break
-            chunk.sort(key=lambda c: len(c[1]))
-            records = []
-            for i in range(0, len(chunk), gen_batch):
-                part = chunk[i:i + gen_batch]
-                seqs, _ = generate_batch(target, [c[1] for c in part], [c[0] for c in part],
-                                         layout, max_new_tokens, store)
-                for s in to_topk(seqs, head, k):
-                    records.append((s.id, s.tokens.tolist(), s.assistant.tolist(), {
-                        "aux": s.aux, "labels": s.labels.to(torch.int32),
-                        "topk_idx": s.topk_idx, "topk_p": s.topk_p}))
-                    if bar is not None:
-                        bar.update(int(s.tokens.shape[0]))
-                if deadline is not None and time.perf_counter() > deadline:
-                    return False
-            cache.add_shard(records, next_conversation=pos, seconds=time.perf_counter() - t0)
-            done += sum(len(r[1]) for r in records)
-            logger.info("teacher cache %s: %d shards, %d tokens", cache.dir, len(cache.shards),
-                        cache.tokens)
-    finally:
-        if bar is not None:
-            bar.close()
-    return True
+    def shard(pos: int, need: int, bar: Any) -> tuple[list[Record] | None, int]:
+        chunk: list[tuple[str, list[int]]] = []
+        while pos < len(convs) and len(chunk) < shard_prompts:
+            p = first_turn_prompt(convs[pos])
+            ids = render_prompt(target.tokenizer, p) if p is not None else []
+            if 0 < len(ids) <= max_prompt_tokens:
+                chunk.append((convs[pos].id, ids))
+            pos += 1
+        chunk.sort(key=lambda c: len(c[1]))
+        records: list[Record] = []
+        for i in range(0, len(chunk), gen_batch):
+            part = chunk[i:i + gen_batch]
+            seqs, _ = generate_batch(target, [c[1] for c in part], [c[0] for c in part],
+                                     layout, max_new_tokens, store)
+            for s in to_topk(seqs, head, k):
+                records.append((s.id, s.tokens.tolist(), s.assistant.tolist(), {
+                    "aux": s.aux, "labels": s.labels.to(torch.int32),
+                    "topk_idx": s.topk_idx, "topk_p": s.topk_p}))
+                if bar is not None:
+                    bar.update(int(s.tokens.shape[0]))
+            if deadline is not None and time.perf_counter() > deadline:
+                return None, pos
+        return records, pos
+
+    return _fill(cache, len(convs), want_tokens, shard, desc="data: target answers",
+                 deadline=deadline, progress=progress)
