@@ -67,30 +67,30 @@ draft: draft-stage1
 			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-answers-$(DRAFT_KEY) \
 			--out $(DRAFT_DIR) --force; fi
 
-# The README's verifier figure: MT-Bench (never in the training data), fp32, greedy.
-eval-draft: draft
+# The README's verifier figure, on the shipped draft: MT-Bench (never in the training data), fp32, greedy.
+eval-draft: setup
 	@mkdir -p benchmarks/results
-	$(PY) -m eagle3_backend eval --draft $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench \
+	$(PY) -m eagle3_backend eval --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_GGUF) --dataset mt-bench \
 		--limit 8 --max-new-tokens 64 --threads 1 --dtype float32 --output-dir benchmarks/results --name eval-smollm2-draft
 
 # Which hidden states that draft fits (exit 0: its recorded layout; 1: a mismatch, with the fix;
 # 4: undecided after --max-prompts, with the command that settles it).
-doctor-draft: draft
-	$(PY) -m eagle3_backend doctor $(DRAFT_DIR) --target $(SMOLLM2_GGUF) --dataset mt-bench --limit 8 --threads 1
+doctor-draft: setup
+	$(PY) -m eagle3_backend doctor $(SHIPPED_DRAFT) --target $(SMOLLM2_GGUF) --dataset mt-bench --limit 8 --threads 1
 
 # Real SGLang EAGLE-3 on this CPU (eagle3_backend.cpu): the bundled SmolLM2 as a HF dir + the draft.
 
-serve-cpu: draft $(SMOLLM2_HF)/config.json
+serve-cpu: setup $(SMOLLM2_HF)/config.json
 	SGLANG_USE_CPU_ENGINE=1 $(PY) -m sglang.launch_server --model-path $(SMOLLM2_HF) --device cpu \
 		--dtype float32 --max-total-tokens 4096 --host 127.0.0.1 --port 30000 \
-		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT_DIR) \
+		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(SHIPPED_DRAFT) \
 		--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
 
 # The same draft through real SGLang: target-only, EAGLE-3 and EAGLE-3 with stock SGLang's capture,
 # measured in rotation with SGLang's own client (python -m sglang.benchmark.serving) on 16 MT-Bench
 # first turns at concurrency 1 and 4; JSON + PNG in benchmarks/results.
-serve-demo: draft $(SMOLLM2_HF)/config.json
-	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(DRAFT_DIR) --target $(SMOLLM2_HF) \
+serve-demo: setup $(SMOLLM2_HF)/config.json
+	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
 		--concurrency 1 4 --stock
 
 test: setup
