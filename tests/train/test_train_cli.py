@@ -180,8 +180,8 @@ def test_train_on_the_targets_own_answers_records_them_and_keeps_caches_apart(
     recorded = _argv(tiny_target_dir, convs, cache, tmp_path / "o2", tmp_path / "c2")
     assert main(recorded) == 2                     # a recorded-answers run on that cache
     assert "answers: cache has {'by': 'target, greedy'" in capsys.readouterr().err
-    generated = [a for a in argv if a not in ("teacher",)]
-    generated[generated.index("--source") + 1:generated.index("--source") + 1] = ["generated"]
+    generated = list(argv)
+    generated[generated.index("--source") + 1] = "generated"
     assert main(generated) == 2
     assert ("--answers target chooses the assistant turns of the teacher-forced data; use it "
             "with --source teacher (or mix).") in capsys.readouterr().err
