@@ -171,11 +171,13 @@ def _pad_left(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 @torch.inference_mode()
 def generate_batch(target: Any, prompts: Sequence[list[int]], ids: Sequence[str],
                    layout: Layout, max_new_tokens: int, store_dtype: torch.dtype = torch.bfloat16,
-                   deadline: float | None = None) -> tuple[list[DataSequence], bool]:
+                   deadline: float | None = None,
+                   final_dtype: torch.dtype | None = None) -> tuple[list[DataSequence], bool]:
     """Greedy answers for a batch of prompts with the layout's states captured.
 
     Returns the sequences and whether the deadline (``time.perf_counter()`` value) cut
-    the answers short. Finished rows (eos or ``max_new_tokens``) leave the batch.
+    the answers short. Finished rows (eos or ``max_new_tokens``) leave the batch. The
+    final states are kept in ``final_dtype`` (``store_dtype`` unless given).
     """
     from transformers import DynamicCache
 
@@ -195,6 +197,7 @@ def generate_batch(target: Any, prompts: Sequence[list[int]], ids: Sequence[str]
     cache = DynamicCache(config=model.config)
     active = list(range(B))                                        # row of each batch slot
     cut = False
+    final_dtype = final_dtype or store_dtype
     with HiddenCapture(model, layout) as cap:
         while True:
             out = model.model(input_ids=x, attention_mask=mask, position_ids=pos,
@@ -206,7 +209,7 @@ def generate_batch(target: Any, prompts: Sequence[list[int]], ids: Sequence[str]
             for slot, row in enumerate(active):
                 real = int(mask[slot, -x.shape[1]:].sum()) if x.shape[1] > 1 else 1
                 aux_parts[row].append(aux[slot, x.shape[1] - real:].to(store_dtype))
-                fin_parts[row].append(final[slot, x.shape[1] - real:].to(store_dtype))
+                fin_parts[row].append(final[slot, x.shape[1] - real:].to(final_dtype))
                 toks[row].append(nxt[slot])
                 if nxt[slot] not in eos and len(toks[row]) - len(prompts[row]) < max_new_tokens:
                     keep.append(slot)

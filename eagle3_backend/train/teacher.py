@@ -499,7 +499,7 @@ def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Convers
     in length-sorted batches of ``gen_batch``, capturing the layout's states as the
     answer is generated, so the stored tokens are the ones the target produced and no
     second pass runs. Labels are the target's argmax (the next answer token); the top-k
-    teachers come from its final states over the draft vocabulary. ``shard_prompts``
+    teachers come from its fp32 final states over the draft vocabulary. ``shard_prompts``
     prompts make a shard; the cache resumes after the last complete one."""
     from eagle3_backend.train.data import generate_batch
     from eagle3_backend.train.trainer import to_topk
@@ -521,7 +521,7 @@ def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Convers
         for i in range(0, len(chunk), gen_batch):
             part = chunk[i:i + gen_batch]
             seqs, _ = generate_batch(target, [c[1] for c in part], [c[0] for c in part],
-                                     layout, max_new_tokens, store)
+                                     layout, max_new_tokens, store, final_dtype=torch.float32)
             for s in to_topk(seqs, head, k):
                 records.append((s.id, s.tokens.tolist(), s.assistant.tolist(), {
                     "aux": s.aux, "labels": s.labels.to(torch.int32),

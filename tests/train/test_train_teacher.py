@@ -188,7 +188,7 @@ def test_target_answers_are_the_targets_greedy_replies_and_resume_by_shard(tmp_p
              tf.Conversation("long", (("user", "sea " * 200), ("assistant", "Yes."))),
              *conversations(4)]
     vocab = torch.arange(64) * 5
-    kw = dict(k=4, store_dtype="float32", max_new_tokens=5, max_prompt_tokens=60, gen_batch=2,
+    kw = dict(k=4, store_dtype="bfloat16", max_new_tokens=5, max_prompt_tokens=60, gen_batch=2,
               shard_prompts=2)
     one = tf.TeacherCache(tmp_path / "one", _identity())
     assert tf.fill_cache_answers(one, tiny_target, convs, LAYOUT, vocab, want_tokens=10**6, **kw)
@@ -204,8 +204,11 @@ def test_target_answers_are_the_targets_greedy_replies_and_resume_by_shard(tmp_p
         ref = tf.teacher_batch(tiny_target, [s.tokens.tolist()], LAYOUT, vocab, 4, torch.float32)[0]
         assert s.labels[P - 1:].tolist() == ref["labels"][P - 1:].tolist() == s.tokens[P:].tolist()
         assert s.topk_idx[P - 1:].tolist() == ref["topk_idx"][P - 1:].tolist()
-        torch.testing.assert_close(s.aux, ref["aux"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(s.aux.float(), ref["aux"], rtol=8e-3, atol=1e-5)   # stored bf16
+        # the soft targets come from fp32 final states, whatever the stored dtype: at most a
+        # stray fp16 rounding differs from the prefill's (from bf16 final states 27-36% did)
         torch.testing.assert_close(s.topk_p.float(), ref["topk_p"].float(), rtol=1e-3, atol=1e-4)
+        assert (s.topk_p != ref["topk_p"]).float().mean() < 0.05
     assert "You are terse." in tok.decode(next(s for s in seqs if s.id == "sys").tokens)
 
     part = tf.TeacherCache(tmp_path / "part", _identity())
