@@ -1,4 +1,5 @@
-"""Few-row fp32 linear layers on CPU: the C++ kernel in ``kernels/small_gemm.cpp``.
+"""Few-row fp32 linear layers on CPU: the C++ kernel in ``kernels/small_gemm.cpp``, and the
+builder of the module it shares with ``kernels/paged_attention.cpp`` (``ops/attention.py``).
 
 ``small_linear(x, w, bias)`` = ``F.linear`` for x with 1..16 rows, reading each weight
 row once for all rows of x (see the .cpp for why and for its summation-order
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "EAGLE3_CPU_SMALL_GEMM"
 SOURCE = Path(__file__).with_name("kernels") / "small_gemm.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("paged_attention.cpp"))
 MAX_ROWS = 16
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 
@@ -55,7 +57,7 @@ def _cpu_fingerprint() -> bytes:
 
 def build_dir() -> Path:
     """Where the build for this source, torch, flags and CPU lives."""
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
                          + " ".join(CFLAGS).encode() + _cpu_fingerprint()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"
@@ -100,7 +102,7 @@ def load() -> Any | None:
             out.mkdir(parents=True, exist_ok=True)
             module = _import_built(out)
             if module is None:
-                module = jit_load(name=MODULE_NAME, sources=[str(SOURCE)],
+                module = jit_load(name=MODULE_NAME, sources=[str(p) for p in SOURCES],
                                   extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                                   build_directory=str(out), verbose=False)
             logger.info("eagle3_backend.cpu: few-row linear kernel ready (%s, AVX2 %s)",

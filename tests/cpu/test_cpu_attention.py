@@ -1,4 +1,5 @@
-"""extend_attention_cpu / decode_attention_cpu against the plain-loop reference.
+"""extend_attention_cpu / decode_attention_cpu against the plain-loop reference, each
+through both paths: the C++ kernel (kernels/paged_attention.cpp) and the torch one.
 
 Shapes follow SGLang's MHA pool: a shared cache of S rows, requests mapped to
 scattered rows through req_to_token; GQA with 6 query heads over 2 KV heads.
@@ -10,11 +11,25 @@ import pytest
 import torch
 
 from cpu_testutil import assert_close_report
-from eagle3_backend.cpu.ops import reference
+from eagle3_backend.cpu.ops import attention, reference
 
 HQ, HKV, D, DV = 6, 2, 16, 16
 S, POOL_LEN = 96, 32
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (3e-2, 3e-2)}
+
+
+@pytest.fixture(params=["kernel", "torch"], autouse=True)
+def path(request, monkeypatch):
+    """Which implementation the registered ops run (variants the kernel leaves to torch,
+    sinks and the long-extend SDPA path, run the torch one under both)."""
+    if request.param == "kernel":
+        mod = attention.kernel()
+        assert mod is not None, ("the attention kernel did not build on this machine (see the log); "
+                                 "the CI machine has g++ and ninja, so this is a defect")
+        monkeypatch.setitem(attention._kernel_state, "module", mod)
+    else:
+        monkeypatch.setitem(attention._kernel_state, "module", None)
+    return request.param
 
 
 def _setup(seed: int, seq_lens: list[int], dtype=torch.float32):
@@ -162,8 +177,9 @@ def test_decode_writes_kv_then_matches_reference(sgl_ops, variant):
     assert_close_report(o, ref, *TOL[torch.float32], what=f"decode {variant}")
 
 
-def test_decode_equals_last_row_of_extend(sgl_ops):
-    # The same token attended by decode (1 query) and by extend (last of 4) agrees in fp32.
+def test_decode_equals_last_row_of_extend(sgl_ops, path):
+    # The same token attended by decode (1 query) and by extend (last of 4) agrees in fp32;
+    # through the kernel bit for bit (a row's sums do not depend on the other rows).
     c = _extend_case(6, prefix=[9], ext=[4])
     o_ext = _run_extend(sgl_ops, c)
     slots = c["rtt"][c["rpi"][0], 9:13].long()
@@ -174,6 +190,33 @@ def test_decode_equals_last_row_of_extend(sgl_ops):
                                  slots[3:4], torch.zeros(1), c["rtt"], c["rpi"], c["seq"], D ** -0.5,
                                  0.0, False, 0, None, None)
     assert_close_report(o_dec[0], o_ext[3], 1e-6, 1e-6, what="decode vs extend last row")
+    if path == "kernel":
+        assert torch.equal(o_dec[0], o_ext[3])
+
+
+def test_kernel_odd_head_dims_int64_rows_and_extend_kv_from_cache(sgl_ops):
+    """Head dims that are not a multiple of the vector width (12 / 20), int64 req_to_token,
+    a tree block, a sliding window and a logit cap at once, against the reference."""
+    g = torch.Generator().manual_seed(11)
+    hq, hkv, d, dv, seq, ext = 4, 1, 12, 20, [9, 5], [3, 5]
+    k_buf, v_buf = torch.randn(40, hkv, d, generator=g), torch.randn(40, hkv, dv, generator=g)
+    rtt = torch.zeros(2, 16, dtype=torch.int64)
+    rows = torch.randperm(39, generator=g)[:sum(seq)] + 1
+    rtt[0, :9], rtt[1, :5] = rows[:9], rows[9:]
+    rpi = torch.tensor([1, 0])
+    seq_t = torch.tensor(seq[::-1])                        # request 0 -> pool row 1 (5 keys)
+    ext_t, start = torch.tensor(ext[::-1]), torch.tensor([0, 5])
+    n = sum(ext)
+    q = torch.randn(n, hq, d, generator=g)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    mask = torch.cat([torch.ones(5, 5, dtype=torch.bool).tril().flatten(), tree.flatten()])
+    o = torch.full((n, hq, dv), float("nan"))
+    sgl_ops.extend_attention_cpu(q, None, None, o, k_buf, v_buf, 1.0, 1.0, rtt, rpi, seq_t, ext_t,
+                                 start, 5, d ** -0.5, 3.0, False, 4, None, None, mask, True)
+    new = torch.cat([rtt[rpi[b], seq_t[b] - ext_t[b]:seq_t[b]] for b in range(2)])   # extend rows
+    ref = reference.extend_attention(q, k_buf[new], v_buf[new], k_buf, v_buf, rtt, rpi, seq_t, ext_t,
+                                     start, d ** -0.5, logit_cap=3.0, window_plus_one=4, tree_mask=mask)
+    assert_close_report(o, ref, 2e-5, 2e-5, what="odd dims, int64 rows, tree, window, cap")
 
 
 def test_cross_attention_is_refused_by_name(sgl_ops):

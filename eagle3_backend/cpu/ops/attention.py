@@ -13,8 +13,11 @@ Masking rules, for a query at absolute position ``p`` and a key at ``k``:
 - logit cap ``c > 0``: ``s = c * tanh(s / c)`` after scaling;
 - sinks ``[Hq]``: one extra logit per head in the softmax denominator only.
 
-Work is vectorized over heads, queries and keys (two batched matmuls and a
-softmax, grouped KV heads never copied per query head); decode is also
+Served steps (fp32 or bf16 cache, no sinks, no fp8 scale) go to the C++ kernel
+``kernels/paged_attention.cpp``, which reads each key and value where it lies in the
+cache (``EAGLE3_CPU_ATTENTION_KERNEL=0`` keeps the torch path below; so does a build
+that failed). The torch path is vectorized over heads, queries and keys (two batched
+matmuls and a softmax, grouped KV heads never copied per query head); decode is also
 vectorized over requests (keys padded to the longest one), extend loops over
 requests. Scores and softmax run in fp32 whatever the cache dtype. Very long
 extends (queries x keys above ``SDPA_MIN_SCORES``) go to torch's fused SDPA
@@ -23,11 +26,37 @@ instead, which never materializes the score matrix.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 _NEG_INF = float("-inf")
 SDPA_MIN_SCORES = 1 << 16  # queries x keys of one request from which extend uses fused SDPA
+KERNEL_ENV = "EAGLE3_CPU_ATTENTION_KERNEL"
+_kernel_state: dict[str, object] = {}
+_decode_meta: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def kernel():
+    """The built module holding ``paged_attention``, or None (``KERNEL_ENV=0``, or the
+    build failed: ``small_gemm.load`` logs why). Decided once per process."""
+    if "module" not in _kernel_state:
+        from eagle3_backend.cpu import small_gemm
+
+        _kernel_state["module"] = small_gemm.load() if os.environ.get(KERNEL_ENV, "1") != "0" else None
+    return _kernel_state["module"]
+
+
+def _kernel_takes(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                  out: torch.Tensor, k_new: torch.Tensor | None, key_scale: float,
+                  value_scale: float, sinks: torch.Tensor | None) -> bool:
+    dt = q.dtype
+    return (dt in (torch.float32, torch.bfloat16) and sinks is None
+            and key_scale == 1.0 and value_scale == 1.0
+            and k_buffer.dtype == dt and v_buffer.dtype == dt and out.dtype == dt
+            and q.shape[-1] == k_buffer.shape[-1] and out.shape[-1] == v_buffer.shape[-1]
+            and (k_new is None or (k_new.dtype == dt and k_new.shape[1:] == k_buffer.shape[1:])))
 
 
 def _softmax(s: torch.Tensor, logit_cap: float, sinks: torch.Tensor | None,
@@ -150,6 +179,15 @@ def extend_attention_cpu(
     _check_supported(is_cross_attention, "extend_attention_cpu")
     seq = seq_lens.tolist()
     ext = extend_seq_lens.tolist()
+    mod = kernel()
+    if (mod is not None and max(e * t for e, t in zip(ext, seq)) < SDPA_MIN_SCORES
+            and _kernel_takes(q_extend, k_buffer, v_buffer, o_extend, k_extend, key_scale,
+                              value_scale, sinks)
+            and (k_extend is None) == (v_extend is None)):
+        mod.paged_attention(q_extend, o_extend, k_buffer, v_buffer, k_extend, v_extend, req_to_token,
+                            req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree_mask,
+                            is_causal, sm_scale, logit_cap, window_plus_one)
+        return
     start = extend_start_loc.tolist()
     rpi = req_pool_indices.tolist()
     tree_off = 0
@@ -212,6 +250,16 @@ def decode_attention_cpu(
         v_cache.index_copy_(0, loc.long(), value.to(v_cache.dtype))
     bsz, hq, d = query.shape
     if bsz == 0:
+        return
+    mod = kernel()
+    if mod is not None and _kernel_takes(query, k_cache, v_cache, output, None, key_scale,
+                                         value_scale, sinks):
+        if bsz not in _decode_meta:  # one query per request, the last of its keys
+            _decode_meta[bsz] = (torch.ones(bsz, dtype=torch.int64), torch.arange(bsz))
+        ones, starts = _decode_meta[bsz]
+        mod.paged_attention(query, output, k_cache, v_cache, None, None, req_to_token,
+                            req_pool_indices, seq_lens, ones, starts, None, True, sm_scale,
+                            logit_cap, window_plus_one)
         return
     if bsz == 1:
         # one request: its rows, no padding
