@@ -35,20 +35,24 @@ def test_the_shipped_draft_loads_strictly_for_the_bundled_target(bundled_gguf, c
     capsys.readouterr()
 
 
+def _flags(words: list[str]) -> dict[str, str | bool]:
+    """--flag value pairs (a bare flag: True); a repeated flag keeps its last value, as argparse."""
+    got: dict[str, str | bool] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            got[word] = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+    return got
+
+
 def test_the_shipped_draft_was_trained_by_the_makefile_recipe():
-    """Every flag of DRAFT_ANSWER_ARGS (make draft's last stage) is in the report's command
-    with the same value, and it started from stage 1 (--init-from)."""
-    cmd = shlex.split(json.loads((SHIPPED / "train_report.json").read_text())["command"])
-    got = {}
-    for i, word in enumerate(cmd):
-        if word.startswith("--"):
-            nxt = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else True
-            got[word] = nxt
-    want = _make_var("DRAFT_ANSWER_ARGS")
-    for i, word in enumerate(want):
-        if word.startswith("--"):
-            value = want[i + 1] if i + 1 < len(want) and not want[i + 1].startswith("--") else True
-            have = got.get(word)
-            assert have == value or (isinstance(value, str) and have is not True
-                                     and have is not None and float(have) == float(value)), word
+    """make draft's last stage runs DRAFT_ANSWER_ARGS then DRAFT_MORE_ARGS (the later flag
+    wins) from stage 2's weights: every one of those flags is in the report's command with
+    the same value, and it started from a draft (--init-from)."""
+    got = _flags(shlex.split(json.loads((SHIPPED / "train_report.json").read_text())["command"]))
+    want = _flags(_make_var("DRAFT_ANSWER_ARGS") + _make_var("DRAFT_MORE_ARGS"))
+    assert "--teacher-tokens" in _make_var("DRAFT_MORE_ARGS")
+    for word, value in want.items():
+        have = got.get(word)
+        assert have == value or (isinstance(value, str) and isinstance(have, str)
+                                 and float(have) == float(value)), (word, have, value)
     assert "--init-from" in got
