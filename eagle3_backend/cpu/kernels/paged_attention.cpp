@@ -354,3 +354,7 @@ void paged_attention(const torch::Tensor& q, torch::Tensor& out, const torch::Te
                   has_new ? vn.data_ptr<BFloat16>() : nullptr, reqs, rows64, tree, is_causal, s, c,
                   window_plus_one);
 }
+
+void register_paged_attention(pybind11::module_& m) {
+  m.def("paged_attention", &paged_attention, "extend / decode attention over SGLang's paged KV cache");
+}

@@ -159,18 +159,12 @@ torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 bool has_avx2() { return E3_HAVE_AVX2; }
 
-// kernels/paged_attention.cpp, built into this module
-void paged_attention(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor& k_buf,
-                     const torch::Tensor& v_buf, const c10::optional<torch::Tensor>& k_new,
-                     const c10::optional<torch::Tensor>& v_new, const torch::Tensor& req_to_token,
-                     const torch::Tensor& req_pool_indices, const torch::Tensor& seq_lens,
-                     const torch::Tensor& ext_lens, const torch::Tensor& ext_start,
-                     const c10::optional<torch::Tensor>& tree_mask, bool is_causal, double scale,
-                     double logit_cap, int64_t window_plus_one);
+// kernels/paged_attention.cpp, built into this module, adds its function to it
+void register_paged_attention(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "out[M, N] = x[M, K] W[N, K]^T + bias; fp32, M <= 16");
   m.def("has_avx2", &has_avx2, "whether the kernel was built with AVX2 + FMA");
-  m.def("paged_attention", &paged_attention, "extend / decode attention over SGLang's paged KV cache");
+  register_paged_attention(m);
   m.attr("max_rows") = kMaxRows;
 }
