@@ -4,10 +4,10 @@ builder of the module it shares with ``kernels/paged_attention.cpp`` (``ops/atte
 ``small_linear(x, w, bias)`` = ``F.linear`` for x with 1..16 rows, reading each weight
 row once for all rows of x (see the .cpp for why and for its summation-order
 guarantee: a row's result does not depend on the other rows in the call). It is
-JIT-built with torch's C++ extension builder on first use (about 40 s on a 2-core
-machine, then cached under ``~/.cache/eagle3-backend/cpu-ext/``, keyed by the
-source, the torch version, the flags and the CPU) with ``-march=native``: it runs on the
-machine that built it.
+JIT-built with torch's C++ extension builder on first use (about 90 s with the
+attention kernel on a 2-core machine, then cached under
+``~/.cache/eagle3-backend/cpu-ext/``, keyed by the sources, the torch version, the flags
+and the CPU) with ``-march=native``: it runs on the machine that built it.
 
 ``load()`` returns the module, or None when it cannot be built here (no C++
 compiler, no ninja) or ``EAGLE3_CPU_SMALL_GEMM=0``; callers then keep their
