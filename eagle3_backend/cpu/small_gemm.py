@@ -105,13 +105,13 @@ def load() -> Any | None:
                 module = jit_load(name=MODULE_NAME, sources=[str(p) for p in SOURCES],
                                   extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                                   build_directory=str(out), verbose=False)
-            logger.info("eagle3_backend.cpu: few-row linear kernel ready (%s, AVX2 %s)",
-                        out, module.has_avx2())
+            logger.info("eagle3_backend.cpu: few-row linear and paged attention kernels ready "
+                        "(%s, AVX2 %s)", out, module.has_avx2())
         except Exception as exc:  # no compiler / ninja / headers: keep the fallback
-            logger.warning("eagle3_backend.cpu: the few-row linear kernel (%s) could not be "
-                           "built (%s: %s); using oneDNN packed weights instead. Set %s=0 to "
-                           "skip the attempt.", SOURCE.name, type(exc).__name__,
-                           str(exc).splitlines()[0] if str(exc) else "", ENV)
+            logger.warning("eagle3_backend.cpu: the CPU kernels (%s) could not be built (%s: %s); "
+                           "using oneDNN packed weights and torch attention instead. Set %s=0 "
+                           "to skip the attempt.", ", ".join(p.name for p in SOURCES),
+                           type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", ENV)
             module = None
         _state["module"] = module
         return module
