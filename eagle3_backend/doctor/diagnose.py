@@ -39,6 +39,7 @@ from eagle3_backend.doctor.verdict import (
 from eagle3_backend.layout import Layout
 
 SHOWN = 5   # layouts listed by gap beyond the fixed candidates and the search path
+AS_GOOD_SHOWN = 4  # layouts as good as the best, named in the message
 
 
 def judge(scores: Sequence[Score], proposed: set[Layout] | None = None) -> Decision:
@@ -160,13 +161,24 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
         acceptance[name] = {"layout": score.layout.to_strings(),
                             "top1_by_step": [round(a, 4) for a in top1],
                             "expected_acceptance_length": round(length, 3)}
+    # layouts the best does not beat on these tokens (paired interval reaching 0): neighbouring
+    # layers carry nearly the same states, so the truth may be any of them
+    as_good = sorted((s for s in order if s is not best and s is not rec
+                      and Paired.of(best.hits, s.hits).lower <= 0), key=lambda s: -s.top1)
     if decision.verdict == MISMATCH:
         text += (f" Served as recorded, the expected chain acceptance is "
                  f"{acceptance['recorded']['expected_acceptance_length']:.2f} instead of "
                  f"{acceptance['best']['expected_acceptance_length']:.2f}.")
+        if as_good:
+            names = ", ".join(str(s.layout) for s in as_good[:AS_GOOD_SHOWN])
+            more = len(as_good) - AS_GOOD_SHOWN
+            text += (f" As good as {best.layout} on these {best.scored} tokens, so possibly the one "
+                     f"it was trained on: {names}" + (f" and {more} more" if more > 0 else "")
+                     + "; the training run's own record (its layout flag) settles it.")
     for i, score in enumerate(order):
         score.vs_recorded = decision.paired[i]
-    keep = {i for i, s in enumerate(order) if s.layout in proposed} | {decision.best}
+    keep = {i for i, s in enumerate(order) if s.layout in proposed or s in as_good[:AS_GOOD_SHOWN]}
+    keep.add(decision.best)
     ranked = sorted(range(len(order)), key=lambda i: (-(decision.paired[i].gap if i else 0.0), i))
     keep |= set(ranked[:SHOWN])
     tokens = order[0].scored
@@ -180,6 +192,7 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
                "answer_tokens": sum(s.answer_len for s in seen),
                "searched": {"start": start.layout.to_strings() if start else None,
                             "path": [p.to_strings() for p in path], "layouts": len(order) - fixed},
+               "as_good_as_best": [s.layout.to_strings() for s in as_good],
                "looks": looks_done,
                "prompts_to_settle": (math.ceil(settle * len(seen) / tokens) if settle else 0),
                "expected_chain_acceptance": acceptance})

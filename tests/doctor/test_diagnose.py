@@ -62,12 +62,23 @@ def test_a_draft_trained_off_the_default_layout_is_found_by_the_search(
     relabelled = mislabel(wide_draft, tmp_path / "as-default", DEFAULT)
     rc, report = _doctor(capsys, relabelled, wide_prompts_file)
     assert (rc, report["verdict"]) == (1, MISMATCH), report["message"]
-    assert report["best"]["layout"] == Layout.parse(WIDE).to_strings(), report["best"]
-    assert report["best"]["why"].startswith(f"coordinate search from {DEFAULT}")
+    # neighbouring layers carry nearly the same states: the truth is the best, or one the
+    # doctor names as just as good on these tokens (a draft trained here found [4, 11, 24]
+    # at 243 of 376 tokens and the truth at 240)
+    named = [report["best"]["layout"], *report["as_good_as_best"]]
+    assert Layout.parse(WIDE).to_strings() in named, (report["best"], report["as_good_as_best"])
+    if report["best"]["layout"] != Layout.parse(WIDE).to_strings():
+        assert "As good as" in report["message"], report["message"]
+    start = Layout.parse(report["searched"]["start"])
+    assert report["best"]["why"].startswith(f"coordinate search from {start}:")
     assert report["best"]["layout"] in report["searched"]["path"]
-    # without the search the doctor cannot name it: no fixed candidate is the truth
+    assert all(abs(a - b) <= 2 for a, b in zip(Layout.parse(report["best"]["layout"]).layers,
+                                                Layout.parse(WIDE).layers)), report["best"]
+    # without the search the doctor cannot name it: no fixed candidate is the truth, and the
+    # search starts from one of them (the recorded default, or a shift that gets a slot right)
     rc, fixed = _doctor(capsys, relabelled, wide_prompts_file, "--no-search", "--max-prompts", "8")
-    assert WIDE not in {str(Layout.parse(s["layout"])) for s in fixed["scores"]}
+    candidates = {str(Layout.parse(s["layout"])) for s in fixed["scores"]}
+    assert WIDE not in candidates and DEFAULT in candidates and str(start) in candidates
 
 
 @pytest.fixture(scope="module")
