@@ -12,9 +12,10 @@ length. So ``eagle3 doctor DRAFT --url URL`` measures it:
 2. the same prompts, as token ids through the same chat template, greedy,
    to ``POST /generate``, one at a time: per request the served acceptance
    length (``meta_info.spec_accept_length``) and the answer;
-3. the offline verifier (:class:`eagle3_backend.verify.engine.SpeculativeEngine`)
-   runs the same draft, as recorded, on the same target with the server's
-   settings: the acceptance length a correctly wired server gets.
+3. meanwhile (a thread sends 2 while this one computes) the offline verifier
+   (:class:`eagle3_backend.verify.engine.SpeculativeEngine`) runs the same draft, as
+   recorded, on the same target with the server's settings: the acceptance length a
+   correctly wired server gets.
 
 Served and offline acceptance are compared prompt by prompt (paired t over
 prompts). MISMATCH when they differ by at least ``REL_GAP`` of the offline
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +223,27 @@ def _same_path(a: str | None, b: str | Path) -> bool | None:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def _offline(engine: Any, encoded: Sequence[Any], max_new_tokens: int, progress: bool,
+             stop: Future) -> list[Any]:
+    """The offline verifier's result for each prompt, in order; stops early when the served
+    side (``stop``) failed, whose error then surfaces from its result."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(encoded), desc="doctor: offline verifier", unit="prompt")
+    out = []
+    for pid, ids in encoded:
+        if stop.done() and stop.exception() is not None:
+            break
+        out.append(engine.generate(ids, max_new_tokens))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
 def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequence[Any], *,
                  max_new_tokens: int = 48, chat_template: bool = True,
                  max_prompt_tokens: int = 512, timeout_s: float = 300.0,
@@ -249,39 +272,35 @@ def check_server(url: str, draft_path: str | Path, target: Any, prompts: Sequenc
         raise Eagle3Error(f"cannot read /server_info from {url}: {exc}. Is an SGLang server "
                           f"running there?") from None
     settings = server_settings(info, url)
-    served = _query(url, [ids for _, ids in encoded], max_new_tokens, timeout_s)
-    encoded, served, in_prefill = drop_prefill_answers(encoded, served)
-    if len(encoded) < MIN_PROMPTS:
-        raise Eagle3Error(f"only {len(encoded)} prompts got more than one answer token from {url} "
+    engine = SpeculativeEngine(target, load_draft_model(draft_path, target, loaded=loaded),
+                                SpecSettings(**settings))
+    # the server answers while the offline verifier runs here: two machines' (or cores') work
+    # at once, and the served answers are only compared once both are done
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(_query, url, [ids for _, ids in encoded], max_new_tokens, timeout_s)
+        offline = _offline(engine, encoded, max_new_tokens, progress, stop=asked)
+        served = asked.result()
+    rows, served, in_prefill = drop_prefill_answers(   # rows: (id, prompt ids, offline result)
+        [(pid, ids, res) for (pid, ids), res in zip(encoded, offline)], served)
+    if len(rows) < MIN_PROMPTS:
+        raise Eagle3Error(f"only {len(rows)} prompts got more than one answer token from {url} "
                           f"({len(in_prefill)} were answered in their prefill, nothing to speculate); "
                           f"the comparison needs at least {MIN_PROMPTS}. Pass more prompts (--limit, "
                           f"--dataset), or a chat template if the target ends raw text at once.")
     for field_name, why in (("spec_verify_ct", "it did not run speculative decoding on them"),
                             ("output_ids", "expected SGLang's native /generate response")):
-        missing = [pid for (pid, _), r in zip(encoded, served) if not getattr(r, field_name)]
+        missing = [row[0] for row, r in zip(rows, served) if not getattr(r, field_name)]
         if missing:
             raise Eagle3Error(f"the server at {url} returned no {field_name} for prompt(s) "
                               f"{missing[:3]}: {why}.")
 
-    engine = SpeculativeEngine(target, load_draft_model(draft_path, target, loaded=loaded),
-                                SpecSettings(**settings))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(encoded), desc="doctor: offline verifier", unit="prompt")
     results = []
-    for (pid, ids), r in zip(encoded, served):
-        res = engine.generate(ids, max_new_tokens)
+    for (pid, ids, res), r in zip(rows, served):
         got = r.output_ids
         diverge = next((i for i, (a, b) in enumerate(zip(got, res.tokens)) if a != b),
                        None if len(got) == len(res.tokens) else min(len(got), len(res.tokens)))
         results.append(PromptResult(pid, len(ids), res.completion_tokens, res.verify_steps,
                                     r.completion_tokens, r.spec_verify_ct, diverge))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
 
     server_draft = info.get("speculative_draft_model_path")
     server_target = info.get("model_path")
