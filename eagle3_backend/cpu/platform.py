@@ -12,7 +12,8 @@ so the platform overrides that fact for the process, through SGLang's own
 
 After each model loads, ``post_load_model`` moves its unquantized linear
 layers onto prepacked oneDNN weights (``packed_linear``; off with
-``EAGLE3_CPU_PACKED_LINEAR=0``).
+``EAGLE3_CPU_PACKED_LINEAR=0``) and its RMSNorm / SiluAndMul / rotary layers onto
+one-call C++ kernels (``layer_ops``; off with ``EAGLE3_CPU_LAYER_OPS=0``).
 
 Layers that test AMX themselves (``cpu_has_amx_support()``: the real probe,
 true only with the compiled ``convert_weight_packed``) keep their native
@@ -90,8 +91,9 @@ class Eagle3CpuPlatform(CpuSRTPlatform):
                         "overlap scheduler)", _usable_cpus(), ENV_OVERLAP)
 
     def post_load_model(self, model) -> None:
-        """Pack linear weights once so that few-row GEMMs (verify, tree drafts) stay cheap."""
-        from eagle3_backend.cpu import packed_linear, small_gemm
+        """Pack linear weights once so that few-row GEMMs (verify, tree drafts) stay cheap, and
+        run the norms, activations and rotary embeddings on the layer kernels (layer_ops)."""
+        from eagle3_backend.cpu import layer_ops, packed_linear, small_gemm
         from eagle3_backend.cpu.ops import registry
 
         logger.info("eagle3_backend.cpu platform: %s loaded; %d sgl_kernel ops from torch "
@@ -100,6 +102,7 @@ class Eagle3CpuPlatform(CpuSRTPlatform):
         if packed_linear.enabled():
             small_gemm.load()  # built (or found in its cache) now, not inside the first forward
             packed_linear.pack_model(model)
+        layer_ops.fuse_model(model)
 
 
 _PYNCCL_ARG = 3  # init_model_parallel_group(group_ranks, local_rank, backend, use_pynccl=None, ...)

@@ -1,11 +1,12 @@
 """Few-row fp32 linear layers on CPU: the C++ kernel in ``kernels/small_gemm.cpp``, and the
-builder of the module it shares with ``kernels/paged_attention.cpp`` (``ops/attention.py``).
+builder of the module it shares with ``kernels/paged_attention.cpp`` (``ops/attention.py``)
+and ``kernels/layer_ops.cpp`` (``layer_ops.py``).
 
 ``small_linear(x, w, bias)`` = ``F.linear`` for x with 1..16 rows, reading each weight
 row once for all rows of x (see the .cpp for why and for its summation-order
 guarantee: a row's result does not depend on the other rows in the call). It is
-JIT-built with torch's C++ extension builder on first use (about 90 s with the
-attention kernel on a 2-core machine, then cached under
+JIT-built with torch's C++ extension builder on first use (about 45-90 s for the three
+sources on a 2-core machine, then cached under
 ``~/.cache/eagle3-backend/cpu-ext/``, keyed by the sources, the torch version, the flags
 and the CPU) with ``-march=native``: it runs on the machine that built it.
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "EAGLE3_CPU_SMALL_GEMM"
 SOURCE = Path(__file__).with_name("kernels") / "small_gemm.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("paged_attention.cpp"))
+SOURCES = (SOURCE, SOURCE.with_name("paged_attention.cpp"), SOURCE.with_name("layer_ops.cpp"))
 MAX_ROWS = 16
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 
@@ -105,12 +106,12 @@ def load() -> Any | None:
                 module = jit_load(name=MODULE_NAME, sources=[str(p) for p in SOURCES],
                                   extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                                   build_directory=str(out), verbose=False)
-            logger.info("eagle3_backend.cpu: few-row linear and paged attention kernels ready "
-                        "(%s, AVX2 %s)", out, module.has_avx2())
+            logger.info("eagle3_backend.cpu: few-row linear, paged attention and layer kernels "
+                        "ready (%s, AVX2 %s)", out, module.has_avx2())
         except Exception as exc:  # no compiler / ninja / headers: keep the fallback
             logger.warning("eagle3_backend.cpu: the CPU kernels (%s) could not be built (%s: %s); "
-                           "using oneDNN packed weights and torch attention instead. Set %s=0 "
-                           "to skip the attempt.", ", ".join(p.name for p in SOURCES),
+                           "using oneDNN packed weights, torch attention and SGLang's native "
+                           "layers instead. Set %s=0 to skip the attempt.", ", ".join(p.name for p in SOURCES),
                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", ENV)
             module = None
         _state["module"] = module

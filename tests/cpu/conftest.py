@@ -18,6 +18,17 @@ def sgl_ops():
     return torch.ops.sgl_kernel
 
 
+@pytest.fixture(scope="session")
+def kernel():
+    """The built module of the CPU kernels (few-row linear, paged attention, layer ops)."""
+    from eagle3_backend.cpu import small_gemm
+
+    mod = small_gemm.load()
+    assert mod is not None, ("the CPU kernels did not build on this machine (see the log); "
+                             "the CI machine has g++ and ninja, so this is a defect")
+    return mod
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 

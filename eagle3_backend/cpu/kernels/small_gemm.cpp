@@ -159,12 +159,15 @@ torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 bool has_avx2() { return E3_HAVE_AVX2; }
 
-// kernels/paged_attention.cpp, built into this module, adds its function to it
+// kernels/paged_attention.cpp and kernels/layer_ops.cpp, built into this module, add their
+// functions to it
 void register_paged_attention(pybind11::module_& m);
+void register_layer_ops(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "out[M, N] = x[M, K] W[N, K]^T + bias; fp32, M <= 16");
   m.def("has_avx2", &has_avx2, "whether the kernel was built with AVX2 + FMA");
   register_paged_attention(m);
+  register_layer_ops(m);
   m.attr("max_rows") = kMaxRows;
 }
