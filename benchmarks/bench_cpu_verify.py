@@ -25,7 +25,8 @@ tok/s >= 0.8x of it).
     python benchmarks/bench_cpu_verify.py --dtype bfloat16 --prompts 4 --new-tokens 32
 
 Appends one row to benchmarks/results/bench_cpu_verify.csv (machine, load,
-command, numbers).
+command, the EAGLE3_CPU_* switches the servers inherited, numbers). An A/B is two runs back
+to back, e.g. with and without ``EAGLE3_CPU_LAYER_OPS=0`` in the environment.
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ def main() -> None:
         "git_rev": _git_rev(),
         "dtype": args.dtype, "packed_linear": not args.no_packed_linear,
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "unset"),
+        # the CPU engine's switches the servers inherited (EAGLE3_CPU_LAYER_OPS=0, ...)
+        "cpu_env": " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                            if k.startswith("EAGLE3_CPU_")) or "defaults",
         "prompts": args.prompts, "new_tokens": args.new_tokens,
         "decode_ms": round(d_ms, 2), "decode_sync_ms": round(ds_ms, 2), "verify_ms": round(v_ms, 2),
         "verify_over_decode": round(v_ms / d_ms, 3), "verify_over_decode_sync": round(v_ms / ds_ms, 3),
@@ -175,12 +179,13 @@ def main() -> None:
     print(json.dumps(row, indent=2))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "bench_cpu_verify.csv"
-    new = not out.exists()
-    with open(out, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(row))
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    rows = list(csv.DictReader(out.open(newline=""))) if out.exists() else []
+    fields = list(rows[0]) if rows else []
+    fields += [k for k in row if k not in fields]   # a new column: older rows leave it empty
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows([*rows, row])
     print(f"appended to {out}")
 
 
