@@ -108,7 +108,7 @@ serve-demo: setup $(SMOLLM2_HF)/config.json
 		--concurrency 1 4 --stock
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not server and not slow"
