@@ -59,7 +59,7 @@ def rotary(layer, mod, positions, query, key, offsets=None, fused_set_kv_buffer_
     cache = layer.cos_sin_cache
     if (fused_set_kv_buffer_arg is not None or key is None or query.dtype != torch.float32
             or key.dtype != torch.float32 or cache.dtype != torch.float32
-            or query.shape[0] != positions.numel()):
+            or query.shape[0] != positions.numel() or positions.numel() == 0):
         return layer.forward_native(positions, query, key, offsets, fused_set_kv_buffer_arg)
     if offsets is not None:
         positions = positions + offsets

@@ -160,11 +160,18 @@ def test_rotary_equals_sglang_native_and_fp64(kernel, neox, rot):
     assert torch.equal(with_off[0], gq) and torch.equal(with_off[1], gk)
 
 
-def test_rotary_checks_its_positions(kernel):
+def test_rotary_checks_its_positions_and_takes_no_tokens(kernel):
     layer = _rope(max_pos=16)
     q, k = torch.randn(2, 64), torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="position 16 is outside the cos/sin cache"):
         layer_ops.rotary(layer, kernel, torch.tensor([3, 16]), q, k)
+    none = torch.empty(0, dtype=torch.int64)
+    gq, gk = kernel.rotary(none, q[:0], k[:0], layer.cos_sin_cache, 64, 64, True)
+    assert gq.shape == gk.shape == (0, 64)
+    with pytest.raises(RuntimeError, match="cannot reshape tensor of 0 elements"):
+        layer.forward_native(none, q[:0], k[:0])   # SGLang's own forward takes no empty batch ...
+    with pytest.raises(RuntimeError, match="cannot reshape tensor of 0 elements"):
+        layer_ops.rotary(layer, kernel, none, q[:0], k[:0])   # ... and the fused layer says the same
 
 
 def test_fuse_model_fuses_the_plain_layers_only(kernel):

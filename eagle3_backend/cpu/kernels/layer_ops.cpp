@@ -170,6 +170,7 @@ std::vector<at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& qu
               cos_sin_cache.is_contiguous(), "rotary: cos_sin_cache must be [positions, ", rotary_dim, "]");
   const at::Tensor pos = positions.reshape({-1}).contiguous();
   const int64_t T = pos.size(0);
+  if (T == 0) return {query.clone(), key.clone()};
   auto flat = [&](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.numel() % (T * head_size) == 0 && t.size(0) == T, "rotary: ", what,
                 " must have ", T, " rows of whole heads of ", head_size);
