@@ -111,8 +111,9 @@ def load() -> Any | None:
         except Exception as exc:  # no compiler / ninja / headers: keep the fallback
             logger.warning("eagle3_backend.cpu: the CPU kernels (%s) could not be built (%s: %s); "
                            "using oneDNN packed weights, torch attention and SGLang's native "
-                           "layers instead. Set %s=0 to skip the attempt.", ", ".join(p.name for p in SOURCES),
-                           type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", ENV)
+                           "layers instead. Set %s=0 to skip the attempt.",
+                           ", ".join(p.name for p in SOURCES), type(exc).__name__,
+                           str(exc).splitlines()[0] if str(exc) else "", ENV)
             module = None
         _state["module"] = module
         return module

@@ -177,7 +177,8 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
                      + "; the training run's own record (its layout flag) settles it.")
     for i, score in enumerate(order):
         score.vs_recorded = decision.paired[i]
-    keep = {i for i, s in enumerate(order) if s.layout in proposed or s in as_good[:AS_GOOD_SHOWN]}
+    named = {s.layout for s in as_good[:AS_GOOD_SHOWN]}
+    keep = {i for i, s in enumerate(order) if s.layout in proposed or s.layout in named}
     keep.add(decision.best)
     ranked = sorted(range(len(order)), key=lambda i: (-(decision.paired[i].gap if i else 0.0), i))
     keep |= set(ranked[:SHOWN])

@@ -233,7 +233,7 @@ def _offline(engine: Any, encoded: Sequence[Any], max_new_tokens: int, progress:
 
         bar = tqdm(total=len(encoded), desc="doctor: offline verifier", unit="prompt")
     out = []
-    for pid, ids in encoded:
+    for _, ids in encoded:
         if stop.done() and stop.exception() is not None:
             break
         out.append(engine.generate(ids, max_new_tokens))

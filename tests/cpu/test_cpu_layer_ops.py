@@ -154,6 +154,8 @@ def test_rotary_equals_sglang_native_and_fp64(kernel, neox, rot):
     assert_close_report(gk, _rope_fp64(layer, positions, k), 1e-5, 1e-5, what="rotary k vs fp64")
     assert_close_report(gq, nq, 1e-5, 1e-5, what="rotary q vs SGLang native")
     assert_close_report(gk, nk, 1e-5, 1e-5, what="rotary k vs SGLang native")
+    as32 = layer_ops.rotary(layer, kernel, positions.int(), q, k)
+    assert torch.equal(as32[0], gq) and torch.equal(as32[1], gk), "int32 positions"
     one_q, one_k = layer_ops.rotary(layer, kernel, positions[3:4], q[3:4], k[3:4])
     assert torch.equal(one_q, gq[3:4]) and torch.equal(one_k, gk[3:4])
     with_off = layer_ops.rotary(layer, kernel, positions - 1, q, k, offsets=torch.ones_like(positions))

@@ -129,14 +129,12 @@ at::Tensor silu_and_mul(const at::Tensor& x_in) {
   return y.view(shape);
 }
 
-void rotate_rows(const at::Tensor& x, at::Tensor& y, const at::Tensor& pos, const float* cache,
+void rotate_rows(const at::Tensor& x, at::Tensor& y, const int64_t* pos, const float* cache,
                  int64_t rot, int64_t hs, bool neox) {
   const int64_t T = x.size(0), heads = x.size(1) / hs, half = rot / 2;
-  const bool p64 = pos.scalar_type() == at::kLong;
   at::parallel_for(0, T, kGrain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t p = p64 ? pos.data_ptr<int64_t>()[t] : pos.data_ptr<int32_t>()[t];
-      const float* cs = cache + p * rot;
+      const float* cs = cache + pos[t] * rot;
       const float* sn = cs + half;
       const float* xr = row<float>(x, t);
       float* yr = y.data_ptr<float>() + t * heads * hs;
@@ -168,7 +166,7 @@ std::vector<at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& qu
               "rotary: rotary_dim ", rotary_dim, " must be even and at most the head size ", head_size);
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim &&
               cos_sin_cache.is_contiguous(), "rotary: cos_sin_cache must be [positions, ", rotary_dim, "]");
-  const at::Tensor pos = positions.reshape({-1}).contiguous();
+  const at::Tensor pos = positions.reshape({-1}).to(at::kLong).contiguous();  // int32 -> int64
   const int64_t T = pos.size(0);
   if (T == 0) return {query.clone(), key.clone()};
   auto flat = [&](const at::Tensor& t, const char* what) {
@@ -178,16 +176,14 @@ std::vector<at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& qu
   };
   const at::Tensor q = flat(query, "query"), k = flat(key, "key");
   const int64_t P = cos_sin_cache.size(0);
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t p = pos.scalar_type() == at::kLong ? pos.data_ptr<int64_t>()[t]
-                                                     : pos.data_ptr<int32_t>()[t];
-    TORCH_CHECK(0 <= p && p < P, "rotary: position ", p, " is outside the cos/sin cache (", P,
-                " positions)");
-  }
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(0 <= pp[t] && pp[t] < P, "rotary: position ", pp[t], " is outside the cos/sin "
+                "cache (", P, " positions)");
   at::Tensor qo = at::empty(q.sizes(), q.options()), ko = at::empty(k.sizes(), k.options());
   const float* cache = cos_sin_cache.data_ptr<float>();
-  rotate_rows(q, qo, pos, cache, rotary_dim, head_size, neox);
-  rotate_rows(k, ko, pos, cache, rotary_dim, head_size, neox);
+  rotate_rows(q, qo, pp, cache, rotary_dim, head_size, neox);
+  rotate_rows(k, ko, pp, cache, rotary_dim, head_size, neox);
   return {qo.view(query.sizes()), ko.view(key.sizes())};
 }
 
