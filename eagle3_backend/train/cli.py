@@ -89,6 +89,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--teacher-tokens", type=int, default=200_000, metavar="N",
                    help="tokens of teacher-forced conversations to train on, held-out ones "
                         "included (whole cache shards; the cache grows to this; default 200000)")
+    g.add_argument("--first-conversation", type=int, default=0, metavar="N",
+                   help="a new teacher cache starts at the Nth conversation of the seeded order "
+                        "(0-based): other chats than a cache that stopped before N, for a "
+                        "later training stage on new data (default 0)")
     g.add_argument("--teacher-cache", default=None, metavar="DIR",
                    help="sharded teacher-forced data set, created, extended and reused; "
                         "refused when written for another target, layout or vocabulary")
@@ -237,6 +241,9 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
         raise Eagle3Error("--source teacher/mix writes a sharded data set: pass --teacher-cache "
                           "DIR (or --cache-data DIR, which puts it in DIR/teacher).")
     convs, counts = tf.load_conversations(args.dataset, args.seed)
+    if args.first_conversation >= len(convs):
+        raise Eagle3Error(f"--first-conversation {args.first_conversation}: {args.dataset} has "
+                          f"{len(convs)} usable conversations; start below that.")
     t0 = time.perf_counter()
     target = load_target(target_path, args.teacher_dtype, "cpu", allow_pickle=args.allow_pickle,
                          progress=not args.no_progress)
@@ -249,6 +256,8 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
                 "topk": args.topk, "max_seq_tokens": args.max_seq_tokens,
                 "store_dtype": "bfloat16", "teacher_dtype": args.teacher_dtype, "dataset": ds,
                 "order_seed": args.seed, "heldout_fraction": args.heldout_fraction}
+    if args.first_conversation:       # caches from conversation 0 keep their identity
+        identity["first_conversation"] = args.first_conversation
     if args.answers == "target":      # recorded caches keep the identity they were written with
         identity["answers"] = {"by": "target, greedy", "max_new_tokens": args.max_new_tokens,
                                "max_prompt_tokens": args.max_prompt_tokens}
@@ -262,6 +271,8 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
         embed = target.model.get_input_embeddings().weight.detach().float().cpu()
         cache.write_vocab(vocab.target_ids, embed)
     draft_ids, embed = cache.read_target()
+    if not cache.shards:
+        cache.meta["next_conversation"] = args.first_conversation
     t1 = time.perf_counter()
     if args.answers == "target":
         complete = tf.fill_cache_answers(
@@ -414,6 +425,10 @@ def _run_train(args: argparse.Namespace) -> int:
                  "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.first_conversation < 0 or (args.first_conversation and args.source == "generated"):
+        raise Eagle3Error(f"--first-conversation {args.first_conversation}: a conversation "
+                          "index (>= 0) into the teacher-forced data; use it with --source "
+                          "teacher (or mix).")
     if args.answers == "target" and args.source == "generated":
         raise Eagle3Error("--answers target chooses the assistant turns of the teacher-forced "
                           "data; use it with --source teacher (or mix).")
