@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from eagle3_backend.checkpoint import load_draft
 from eagle3_backend.cli import main
@@ -185,3 +186,46 @@ def test_train_on_the_targets_own_answers_records_them_and_keeps_caches_apart(
     assert main(generated) == 2
     assert ("--answers target chooses the assistant turns of the teacher-forced data; use it "
             "with --source teacher (or mix).") in capsys.readouterr().err
+
+
+def test_a_later_stage_reads_other_chats_with_the_same_vocabulary_and_inits_from_the_first(
+        tmp_path, tiny_target_dir, capsys):
+    """--first-conversation N: a new cache starts at the Nth chat of the seeded order, keeps
+    the draft vocabulary a cache from chat 0 gets (so a stage can --init-from the last), and
+    is not mistaken for a cache from chat 0."""
+    from test_train_resume import _argv
+    from test_train_teacher import write_conversation_file
+
+    from eagle3_backend.train.teacher import TeacherCache, load_conversations
+
+    convs = tmp_path / "convs.jsonl"
+    write_conversation_file(convs, 8)
+    order = [c.id for c in load_conversations(str(convs), 0)[0]]
+    assert len(set(order)) == 8
+
+    def run(cache, out, *extra):
+        argv = _argv(tiny_target_dir, convs, tmp_path / cache, tmp_path / out,
+                     tmp_path / f"ckpt-{out}", "--steps", "2", *extra)
+        return main(argv)
+
+    def ids(cache):
+        meta = json.loads((tmp_path / cache / "meta.json").read_text())
+        return [s.id for s in TeacherCache(tmp_path / cache, meta["identity"]).sequences()], meta
+
+    assert run("first", "one") == 0
+    first, _ = ids("first")
+    assert first == order
+    assert run("later", "two", "--first-conversation", "5", "--init-from",
+               str(tmp_path / "one")) == 0
+    later, meta = ids("later")
+    assert later == order[5:]
+    assert meta["identity"]["first_conversation"] == 5 and meta["next_conversation"] == 8
+    one, two = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("one", "two"))
+    assert torch.equal(one["d2t"], two["d2t"])
+    capsys.readouterr()
+    assert run("first", "three", "--first-conversation", "5") == 2
+    assert "first_conversation: cache has None, this run needs 5" in capsys.readouterr().err
+    assert run("none", "four", "--first-conversation", "8") == 2
+    assert ("--first-conversation 8: " in (err := capsys.readouterr().err)
+            and "has 8 usable conversations; start below that." in err)
+    assert not (tmp_path / "none").exists()
