@@ -484,7 +484,10 @@ class Eagle3DraftModel(nn.Module):
         if cache is not None:
             cache.advance(T)
         normed = self.norm(out)
-        logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, Vd]
+        if self.config.tie_word_embeddings or self.lm_head.weight.dtype != normed.dtype:
+            logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, Vd]
+        else:                 # the layer itself: on CPU it may stream a bf16 copy (few_row_linears)
+            logits = self.lm_head(normed)
         return logits, (normed if self.config.norm_output else out)
 
 

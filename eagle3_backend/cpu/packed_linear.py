@@ -27,6 +27,13 @@ SmolLM2-135M's linear weights, 4 rows cost 1.19x one F.linear row through it aga
 1.42x through the packed weights. One row (a decode step) stays on F.linear, the
 fastest here for it.
 
+A weight that bf16 holds exactly (a bf16 checkpoint served at ``--dtype float32``: an
+EAGLE-3 draft usually) also gets a bf16 copy, made with the packed one and checked
+once per weight version, and 1..16 fp32 rows, one row included, multiply through the
+kernel from that copy: the same result as the fp32 kernel bit for bit (the widening is
+exact), from half the bytes (``small_gemm.kernel_linear``; off with
+``EAGLE3_CPU_BF16_WEIGHTS=0``).
+
 Results equal ``F.linear`` up to fp32 summation order (a different GEMM
 kernel), never worse than a different BLAS. Costs one packed copy of each
 weight in memory. ``EAGLE3_CPU_PACKED_LINEAR=0`` turns it off.
@@ -80,7 +87,8 @@ def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | 
     weight row read once for all rows) when it is built, anything else to the layer's
     packed oneDNN weight.
 
-    x: [..., K] -> [..., N]. One row stays on F.linear: its matrix-vector
+    x: [..., K] -> [..., N]. A weight bf16 holds exactly multiplies 1..16 fp32 rows from
+    its bf16 copy (:func:`small_gemm.kernel_linear`). Otherwise one row stays on F.linear: its matrix-vector
     product streams the plain weight faster than oneDNN reads the packed one
     (whole-model sweep, SmolLM2-135M fp32: 93 ms vs 166 ms for one row; for
     4 rows 202 ms vs 176 ms, and 69 ms vs 28 ms on the LM head alone).
@@ -89,10 +97,9 @@ def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | 
     """
     w = layer.weight
     x2 = x.reshape(-1, x.shape[-1])                                    # [M, K]
-    if x2.shape[0] >= 2 and small_gemm.supports(x, w, bias):
-        mod = small_gemm.load()
-        if mod is not None:
-            return small_gemm.small_linear(x, w, bias, module=mod)
+    out = small_gemm.kernel_linear(layer, x, bias)
+    if out is not None:
+        return out
     if (x2.shape[0] < 2 or x.dtype != w.dtype or x.device.type != "cpu" or w.dim() != 2
             or (bias is not None and bias.dtype != w.dtype)):
         return F.linear(x, w, bias)
@@ -116,7 +123,8 @@ def _method_classes():
 
         def process_weights_after_loading(self, layer):
             super().process_weights_after_loading(layer)
-            layer.__dict__.pop(_STATE, None)  # a load wrote through .data: repack on next use
+            for key in (_STATE, small_gemm.BF16_STATE):  # a load wrote through .data
+                layer.__dict__.pop(key, None)
 
     class PackedCpuLMHeadMethod(UnquantizedEmbeddingMethod):
         """SGLang's unquantized embedding/LM head: lookups unchanged, logits packed.
@@ -130,7 +138,8 @@ def _method_classes():
 
         def process_weights_after_loading(self, layer):
             super().process_weights_after_loading(layer)
-            layer.__dict__.pop(_STATE, None)  # a load wrote through .data: repack on next use
+            for key in (_STATE, small_gemm.BF16_STATE):  # a load wrote through .data
+                layer.__dict__.pop(key, None)
 
     return UnquantizedLinearMethod, UnquantizedEmbeddingMethod, PackedCpuLinearMethod, PackedCpuLMHeadMethod
 

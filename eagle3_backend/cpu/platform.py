@@ -11,7 +11,8 @@ so the platform overrides that fact for the process, through SGLang's own
 ``runtime_context.override_platform``.
 
 After each model loads, ``post_load_model`` moves its unquantized linear
-layers onto prepacked oneDNN weights (``packed_linear``; off with
+layers onto prepacked oneDNN weights and the few-row kernel, from exact bf16 copies
+where bf16 holds a weight (``packed_linear``, ``small_gemm``; off with
 ``EAGLE3_CPU_PACKED_LINEAR=0``) and its RMSNorm / SiluAndMul / rotary layers onto
 one-call C++ kernels (``layer_ops``; off with ``EAGLE3_CPU_LAYER_OPS=0``).
 
@@ -102,6 +103,7 @@ class Eagle3CpuPlatform(CpuSRTPlatform):
         if packed_linear.enabled():
             small_gemm.load()  # built (or found in its cache) now, not inside the first forward
             packed_linear.pack_model(model)
+            small_gemm.few_row_linears(model)  # plain nn.Linear layers (an EAGLE-3 draft's fc)
         layer_ops.fuse_model(model)
 
 

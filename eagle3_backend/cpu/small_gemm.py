@@ -4,7 +4,10 @@ and ``kernels/layer_ops.cpp`` (``layer_ops.py``).
 
 ``small_linear(x, w, bias)`` = ``F.linear`` for x with 1..16 rows, reading each weight
 row once for all rows of x (see the .cpp for why and for its summation-order
-guarantee: a row's result does not depend on the other rows in the call). It is
+guarantee: a row's result does not depend on the other rows in the call). A bf16 ``w``
+is widened exactly in registers: the result equals ``small_linear(x, w.float(), bias)``
+bit for bit, from half the bytes (``packed_linear`` keeps such a copy of weights that
+bf16 holds exactly). It is
 JIT-built with torch's C++ extension builder on first use (about 45-90 s for the three
 sources on a 2-core machine, then cached under
 ``~/.cache/eagle3-backend/cpu-ext/``, keyed by the sources, the torch version, the flags
@@ -30,6 +33,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 ENV = "EAGLE3_CPU_SMALL_GEMM"
+ENV_BF16 = "EAGLE3_CPU_BF16_WEIGHTS"
+BF16_STATE = "_eagle3_bf16_weight"
 SOURCE = Path(__file__).with_name("kernels") / "small_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("paged_attention.cpp"), SOURCE.with_name("layer_ops.cpp"))
 MAX_ROWS = 16
@@ -130,7 +135,8 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  module: Any | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x [..., K] with 1..16 rows, fp32 on CPU.
+    """``F.linear(x, weight, bias)`` for x [..., K] with 1..16 rows, fp32 on CPU (weight fp32,
+    or bf16 widened exactly).
 
     Raises RuntimeError when the kernel is unavailable (check ``load()`` first)."""
     mod = module or load()
@@ -138,26 +144,63 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         raise RuntimeError(f"the few-row linear kernel is not available ({ENV}=0 or the build "
                            "failed; see the log).")
     x2 = x.reshape(-1, x.shape[-1])
-    out = mod.small_linear(x2, weight, bias)
+    fn = mod.small_linear_bf16w if weight.dtype == torch.bfloat16 else mod.small_linear
+    out = fn(x2, weight, bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def bf16_exact(w: torch.Tensor) -> bool:
+    """Whether every element of the fp32 tensor ``w`` is a bf16 value (low 16 bits zero)."""
+    return (w.dtype == torch.float32 and w.is_contiguous()
+            and not bool((w.detach().view(torch.int32) & 0xFFFF).any()))
+
+
+def _bf16_copy(layer: torch.nn.Module) -> torch.Tensor | None:
+    """``layer.weight`` in bf16 when bf16 holds it exactly, else None; checked once per
+    weight tensor and version (a replaced or in-place modified weight is checked again)."""
+    w = layer.weight
+    state = layer.__dict__.get(BF16_STATE)
+    if state is None or state[0] is not w or state[1] != w._version:
+        narrow = w.detach().to(torch.bfloat16) if w.dim() == 2 and bf16_exact(w) else None
+        state = (w, w._version, narrow)
+        layer.__dict__[BF16_STATE] = state
+    return state[2]
+
+
+def kernel_linear(layer: torch.nn.Module, x: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, layer.weight, bias)`` through the kernel where it pays, else None:
+    1..16 fp32 rows from the weight's exact bf16 copy (half the bytes, the fp32 kernel's
+    result bit for bit; not with ``EAGLE3_CPU_BF16_WEIGHTS=0``), or 2..16 fp32 rows from
+    the fp32 weight (one row is F.linear's: its matrix-vector product is faster there)."""
+    w = layer.weight
+    if not supports(x, w, bias):
+        return None
+    mod = load()
+    if mod is None:
+        return None
+    narrow = _bf16_copy(layer) if os.environ.get(ENV_BF16, "1") != "0" else None
+    if narrow is not None:
+        return small_linear(x, narrow, bias, module=mod)
+    if x.numel() // x.shape[-1] >= 2:
+        return small_linear(x, w, bias, module=mod)
+    return None
+
+
 def _few_row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    w, b = self.weight, self.bias
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if (2 <= rows <= MAX_ROWS and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-            and supports(x, w, b)):
-        mod = load()
-        if mod is not None:
-            return small_linear(x, w, b, module=mod)
-    return torch.nn.functional.linear(x, w, b)
+    if not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        out = kernel_linear(self, x, self.bias)
+        if out is not None:
+            return out
+    return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 def few_row_linears(model: torch.nn.Module) -> int:
     """Route the fp32 CPU ``nn.Linear`` layers of ``model`` (e.g. a transformers target in
-    the offline verifier) through the kernel for 2..16 rows without autograd: a verify
-    forward of a few tokens then costs about what a one-token decode does. One row, more
-    rows, other dtypes and anything that needs gradients keep ``F.linear``. Returns the
+    the offline verifier) through the kernel without autograd (:func:`kernel_linear`): a
+    verify forward of a few tokens then costs about what a one-token decode does, and a
+    bf16 draft's weights stream half the bytes. More rows, other dtypes and anything that
+    needs gradients keep ``F.linear``. Returns the
     number of layers routed (0 when the kernel is unavailable)."""
     if load() is None:
         return 0

@@ -236,7 +236,12 @@ def load_draft_model(path: str | Path, target: Target | None = None,
     model.load_state_dict(dict(loaded.state_dict))  # names and shapes checked by the reader
     for warning in loaded.warnings:
         logger.warning("draft %s: %s", path, warning)
-    return model.to(device=device, dtype=dtype or loaded.config.torch_dtype).eval()
+    model = model.to(device=device, dtype=dtype or loaded.config.torch_dtype).eval()
+    if model.fc.weight.device.type == "cpu" and model.fc.weight.dtype == torch.float32:
+        from eagle3_backend.cpu.small_gemm import few_row_linears
+
+        few_row_linears(model)   # a bf16 checkpoint's layers then stream their bf16 copies
+    return model
 
 
 def attach_draft(draft: Eagle3DraftModel, target: Target) -> Eagle3DraftModel:

@@ -128,3 +128,68 @@ def test_a_finished_build_is_imported_directly(kernel, tmp_path):
     (tmp_path / f"{small_gemm.MODULE_NAME}.so").write_bytes(b"not a shared object")
     assert small_gemm._import_built(tmp_path) is None
     assert small_gemm._import_built(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 16])
+@pytest.mark.parametrize("n,k", [(33, 577), (1, 7), (960, 576)])
+def test_a_bf16_weight_gives_the_fp32_kernels_result_bit_for_bit(kernel, rows, n, k):
+    """A bf16 weight is widened exactly and multiplied in the fp32 kernel's order."""
+    x = torch.randn(rows, k, generator=_gen(20 + rows))
+    wb = (torch.randn(n, k, generator=_gen(30 + n)) / k ** 0.5).bfloat16()
+    b = torch.randn(n, generator=_gen(8))
+    assert torch.equal(small_gemm.small_linear(x, wb, b), small_gemm.small_linear(x, wb.float(), b))
+    assert torch.equal(small_gemm.small_linear(x, wb), small_gemm.small_linear(x, wb.float()))
+    with pytest.raises(RuntimeError, match="weight BFloat16"):
+        kernel.small_linear_bf16w(x, wb.float(), None)
+    with pytest.raises(RuntimeError, match="x must be float32"):
+        kernel.small_linear_bf16w(x.bfloat16(), wb, None)
+
+
+def test_kernel_linear_streams_an_exact_bf16_copy_and_follows_the_weight(kernel, monkeypatch):
+    """A weight bf16 holds exactly is multiplied from its bf16 copy for 1..16 rows (the fp32
+    kernel's result bit for bit); any other weight keeps F.linear for one row and the fp32
+    kernel for 2..16; an in-place change or a replacement is checked again."""
+    layer = torch.nn.Linear(576, 200, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight.bfloat16().float())
+    assert small_gemm.bf16_exact(layer.weight)
+    x = torch.randn(4, 576, generator=_gen(15))
+    for rows in (1, 4):
+        assert torch.equal(small_gemm.kernel_linear(layer, x[:rows], layer.bias),
+                           small_gemm.small_linear(x[:rows], layer.weight, layer.bias))
+    copy = layer.__dict__[small_gemm.BF16_STATE][2]
+    assert copy.dtype == torch.bfloat16 and torch.equal(copy.float(), layer.weight)
+    assert torch.equal(packed_linear.packed_linear(layer, x[:1], layer.bias),
+                       small_gemm.small_linear(x[:1], layer.weight, layer.bias))
+    with torch.no_grad():
+        layer.weight[3, 5] += 1e-3                      # no longer bf16
+    assert not small_gemm.bf16_exact(layer.weight)
+    assert small_gemm.kernel_linear(layer, x[:1], layer.bias) is None
+    assert torch.equal(small_gemm.kernel_linear(layer, x, layer.bias),
+                       small_gemm.small_linear(x, layer.weight, layer.bias))
+    assert torch.equal(packed_linear.packed_linear(layer, x[:1], layer.bias),
+                       F.linear(x[:1], layer.weight, layer.bias))
+    layer.weight = torch.nn.Parameter(torch.full((200, 576), 0.5))   # exact again
+    assert torch.equal(small_gemm.kernel_linear(layer, x[:1], None),
+                       small_gemm.small_linear(x[:1], layer.weight))
+    assert layer.__dict__[small_gemm.BF16_STATE][0] is layer.weight
+    monkeypatch.setenv(small_gemm.ENV_BF16, "0")
+    assert small_gemm.kernel_linear(layer, x[:1], None) is None
+    assert small_gemm.bf16_exact(torch.zeros(3, 4)) and not small_gemm.bf16_exact(torch.zeros(3, 4)[:, ::2])
+
+
+def test_the_offline_verifiers_fp32_draft_streams_its_bf16_checkpoint(kernel):
+    """eagle3 eval's draft at fp32 from a bf16 checkpoint (the shipped one): its linear
+    layers multiply one row from their exact bf16 copies, the fp32 kernel's result."""
+    from pathlib import Path
+
+    from eagle3_backend.verify.engine import load_draft_model
+
+    shipped = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m-eagle3"
+    draft = load_draft_model(shipped, None, dtype=torch.float32)
+    fc = draft.fc
+    assert fc.weight.dtype == torch.float32 and small_gemm.bf16_exact(fc.weight)
+    x = torch.randn(1, fc.in_features, generator=_gen(16))
+    with torch.no_grad():
+        assert torch.equal(fc(x), small_gemm.small_linear(x, fc.weight, fc.bias))
+    assert fc.__dict__[small_gemm.BF16_STATE][2].dtype == torch.bfloat16

@@ -14,7 +14,13 @@
 // token's outputs do not depend on how many tokens are multiplied with it: a 4-token
 // verify and a 1-token decode give bit-identical rows for the same inputs.
 //
-// fp32 only. Built on first use by eagle3_backend.cpu.small_gemm (torch JIT with
+// x and out are fp32. W is fp32, or bf16 (``small_linear_bf16w``): a weight held in bf16
+// because it is exactly representable there (a bf16 checkpoint served at fp32) is widened
+// to fp32 in registers (a 16-bit shift, exact) and multiplied in the same order, so the
+// result equals the fp32 kernel on the widened weight bit for bit while half the bytes
+// stream from memory.
+//
+// Built on first use by eagle3_backend.cpu.small_gemm (torch JIT with
 // -O3 -march=native: it runs on the machine that built it).
 
 #include <torch/extension.h>
@@ -22,6 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -33,7 +41,16 @@
 namespace {
 
 constexpr int64_t kMaxRows = 16;
-constexpr int64_t kPrefetch = 512;  // floats ahead of the loads in each W row (2 KB)
+constexpr int64_t kPrefetchBytes = 2048;  // ahead of the loads in each W row
+using bf16_t = uint16_t;                   // bf16 bits: the high half of an fp32
+
+inline float widen(float v) { return v; }
+inline float widen(bf16_t v) {
+  const uint32_t bits = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 #if E3_HAVE_AVX2
 inline float hsum(__m256 v) {
@@ -52,20 +69,29 @@ using vec_t = __m512;
 inline vec_t vzero() { return _mm512_setzero_ps(); }
 inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec_t vload(const bf16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 inline float vsum(vec_t v) { return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
 #else
 #define E3_VEC 8
 using vec_t = __m256;
 inline vec_t vzero() { return _mm256_setzero_ps(); }
 inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec_t vload(const bf16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
 inline float vsum(vec_t v) { return hsum(v); }
 #endif
 
 // out[m * ldo + j] = dot(x[m], w[j]) for j < NR W rows and m < MR x rows.
-template <int MR, int NR>
-inline void block(const float* __restrict w, int64_t ldw, const float* __restrict x,
+template <int MR, int NR, typename T>
+inline void block(const T* __restrict w, int64_t ldw, const float* __restrict x,
                   int64_t ldx, int64_t K, float* __restrict out, int64_t ldo) {
+  constexpr int64_t kPrefetch = kPrefetchBytes / int64_t(sizeof(T));
   vec_t acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = vzero();
@@ -84,26 +110,27 @@ inline void block(const float* __restrict w, int64_t ldw, const float* __restric
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) {
       float s = vsum(acc[m][j]);
-      for (int64_t k = Kv; k < K; ++k) s = std::fma(x[m * ldx + k], w[j * ldw + k], s);
+      for (int64_t k = Kv; k < K; ++k) s = std::fma(x[m * ldx + k], widen(w[j * ldw + k]), s);
       out[m * ldo + j] = s;
     }
 }
 
-template <int NR>
-inline void rows_block(const float* w, int64_t ldw, const float* x, int64_t M, int64_t K,
+template <int NR, typename T>
+inline void rows_block(const T* w, int64_t ldw, const float* x, int64_t M, int64_t K,
                        float* out, int64_t N) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) block<4, NR>(w, ldw, x + m * K, K, K, out + m * N, N);
+  for (; m + 4 <= M; m += 4) block<4, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N);
   switch (M - m) {
-    case 3: block<3, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
-    case 2: block<2, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
-    case 1: block<1, NR>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    case 3: block<3, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    case 2: block<2, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    case 1: block<1, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
     default: break;
   }
 }
 #endif
 
-void gemm(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
+template <typename T>
+void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, int64_t N,
           int64_t K) {
   // a task streams about 64 KB of W; tasks are whole pairs of W rows
   const int64_t grain = std::max<int64_t>(2, (16384 / std::max<int64_t>(K, 1)) & ~int64_t(1));
@@ -111,13 +138,13 @@ void gemm(const float* x, const float* w, const float* bias, float* out, int64_t
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n = 2 * p;
 #if E3_HAVE_AVX2
-      if (n + 2 <= N) rows_block<2>(w + n * K, K, x, M, K, out + n, N);
-      else rows_block<1>(w + n * K, K, x, M, K, out + n, N);
+      if (n + 2 <= N) rows_block<2, T>(w + n * K, K, x, M, K, out + n, N);
+      else rows_block<1, T>(w + n * K, K, x, M, K, out + n, N);
 #else
       for (int64_t j = n; j < std::min(n + 2, N); ++j)
         for (int64_t m = 0; m < M; ++m) {
           float s = 0.f;
-          for (int64_t k = 0; k < K; ++k) s = std::fma(x[m * K + k], w[j * K + k], s);
+          for (int64_t k = 0; k < K; ++k) s = std::fma(x[m * K + k], widen(w[j * K + k]), s);
           out[m * N + j] = s;
         }
 #endif
@@ -130,13 +157,13 @@ void gemm(const float* x, const float* w, const float* bias, float* out, int64_t
 
 }  // namespace
 
-torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                           const c10::optional<torch::Tensor>& bias) {
+static torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                    const c10::optional<torch::Tensor>& bias, at::ScalarType wtype) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
               "small_linear: x and weight must be CPU tensors");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "small_linear: x and weight must be float32, got ", x.scalar_type(), " and ",
-              weight.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == wtype,
+              "small_linear: x must be float32 and weight ", wtype, ", got ", x.scalar_type(),
+              " and ", weight.scalar_type());
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "small_linear: x must be [M, K] and weight [N, K]");
   TORCH_CHECK(x.size(1) == weight.size(1), "small_linear: x has ", x.size(1),
               " columns, weight has ", weight.size(1));
@@ -153,8 +180,22 @@ torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
   auto xc = x.contiguous();
   auto wc = weight.contiguous();
   auto out = torch::empty({M, N}, x.options());
-  gemm(xc.data_ptr<float>(), wc.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
+  if (wtype == at::kBFloat16)
+    gemm(xc.data_ptr<float>(), reinterpret_cast<const bf16_t*>(wc.data_ptr<at::BFloat16>()), b,
+         out.data_ptr<float>(), M, N, K);
+  else
+    gemm(xc.data_ptr<float>(), wc.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
   return out;
+}
+
+torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                           const c10::optional<torch::Tensor>& bias) {
+  return few_row_linear(x, weight, bias, at::kFloat);
+}
+
+torch::Tensor small_linear_bf16w(const torch::Tensor& x, const torch::Tensor& weight,
+                                 const c10::optional<torch::Tensor>& bias) {
+  return few_row_linear(x, weight, bias, at::kBFloat16);
 }
 
 bool has_avx2() { return E3_HAVE_AVX2; }
@@ -166,6 +207,9 @@ void register_layer_ops(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "out[M, N] = x[M, K] W[N, K]^T + bias; fp32, M <= 16");
+  m.def("small_linear_bf16w", &small_linear_bf16w,
+        "small_linear with a bf16 weight widened exactly to fp32: equals small_linear(x, "
+        "weight.float(), bias) bit for bit");
   m.def("has_avx2", &has_avx2, "whether the kernel was built with AVX2 + FMA");
   register_paged_attention(m);
   register_layer_ops(m);
