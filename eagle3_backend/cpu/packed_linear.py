@@ -28,10 +28,10 @@ SmolLM2-135M's linear weights, 4 rows cost 1.19x one F.linear row through it aga
 fastest here for it.
 
 A weight that bf16 holds exactly (a bf16 checkpoint served at ``--dtype float32``: an
-EAGLE-3 draft usually) also gets a bf16 copy, made with the packed one and checked
-once per weight version, and 1..16 fp32 rows, one row included, multiply through the
-kernel from that copy: the same result as the fp32 kernel bit for bit (the widening is
-exact), from half the bytes (``small_gemm.kernel_linear``; off with
+EAGLE-3 draft usually) also gets a bf16 copy (half the fp32 weight's memory), made on
+first use and checked once per weight version, and 1..16 fp32 rows, one row included,
+multiply through the kernel from that copy: the same result as the fp32 kernel bit for
+bit (the widening is exact), from half the bytes (``small_gemm.kernel_linear``; off with
 ``EAGLE3_CPU_BF16_WEIGHTS=0``).
 
 Results equal ``F.linear`` up to fp32 summation order (a different GEMM
@@ -88,7 +88,8 @@ def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | 
     packed oneDNN weight.
 
     x: [..., K] -> [..., N]. A weight bf16 holds exactly multiplies 1..16 fp32 rows from
-    its bf16 copy (:func:`small_gemm.kernel_linear`). Otherwise one row stays on F.linear: its matrix-vector
+    its bf16 copy (:func:`small_gemm.kernel_linear`). Otherwise one row stays on
+    F.linear: its matrix-vector
     product streams the plain weight faster than oneDNN reads the packed one
     (whole-model sweep, SmolLM2-135M fp32: 93 ms vs 166 ms for one row; for
     4 rows 202 ms vs 176 ms, and 69 ms vs 28 ms on the LM head alone).
