@@ -72,13 +72,8 @@ def supports(dtype: torch.dtype) -> bool:
 
 
 def _packed(layer: torch.nn.Module) -> torch.Tensor:
-    w = layer.weight
-    state = layer.__dict__.get(_STATE)
-    if state is None or state[0] is not w or state[1] != w._version:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_HINT_ROWS)
-        state = (w, w._version, packed)
-        layer.__dict__[_STATE] = state
-    return state[2]
+    return small_gemm.weight_derived(
+        layer, _STATE, lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_HINT_ROWS))
 
 
 def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -155,16 +155,22 @@ def bf16_exact(w: torch.Tensor) -> bool:
             and not bool((w.detach().view(torch.int32) & 0xFFFF).any()))
 
 
-def _bf16_copy(layer: torch.nn.Module) -> torch.Tensor | None:
-    """``layer.weight`` in bf16 when bf16 holds it exactly, else None; checked once per
-    weight tensor and version (a replaced or in-place modified weight is checked again)."""
+def weight_derived(layer: torch.nn.Module, key: str, make: Any) -> Any:
+    """``make(layer.weight)``, kept in ``layer.__dict__[key]`` and remade whenever the weight
+    tensor is replaced or modified in place (checked by identity and version counter). A
+    load through ``param.data`` moves no version: drop ``key`` after it."""
     w = layer.weight
-    state = layer.__dict__.get(BF16_STATE)
+    state = layer.__dict__.get(key)
     if state is None or state[0] is not w or state[1] != w._version:
-        narrow = w.detach().to(torch.bfloat16) if w.dim() == 2 and bf16_exact(w) else None
-        state = (w, w._version, narrow)
-        layer.__dict__[BF16_STATE] = state
+        state = (w, w._version, make(w))
+        layer.__dict__[key] = state
     return state[2]
+
+
+def _bf16_copy(layer: torch.nn.Module) -> torch.Tensor | None:
+    """``layer.weight`` in bf16 when bf16 holds it exactly, else None (:func:`weight_derived`)."""
+    return weight_derived(layer, BF16_STATE, lambda w: w.detach().to(torch.bfloat16)
+                          if w.dim() == 2 and bf16_exact(w) else None)
 
 
 def kernel_linear(layer: torch.nn.Module, x: torch.Tensor,
