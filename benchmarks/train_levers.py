@@ -92,6 +92,7 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
             "seconds_per_step": round(t["train_seconds"] / max(1, t["steps"]), 3),
             "heldout_top1_by_position": r["heldout_top1_by_position"],
             "heldout_expected_acceptance_length": r["heldout_expected_acceptance_length"],
+            "heldout_chain_acceptance_length": r.get("heldout_chain_acceptance_length"),
             "train_top1_by_position": t["train_top1_by_position"],
             "heldout_curve": t["heldout_curve"]}
 
@@ -203,7 +204,8 @@ def main() -> None:
         plot(out / f"{args.name}.png", runs)
         r = runs[name]
         print(f"{name:12s} {r['steps']:5d} steps {r['seconds_per_step']:.2f} s/step  held-out top-1 "
-              f"{r['heldout_top1_by_position']}  expected acceptance {r['heldout_expected_acceptance_length']}",
+              f"{r['heldout_top1_by_position']}  expected acceptance {r['heldout_expected_acceptance_length']}"
+              f" (replayed {r['heldout_chain_acceptance_length']})",
               flush=True)
     split = _cache_split(args.teacher_cache, args.teacher_tokens)
     record["vocab_coverage"] = vocab_coverage(*split)

@@ -567,6 +567,9 @@ def _run_train(args: argparse.Namespace) -> int:
         "heldout_loss_by_position": _round(held_saved.mean_loss() if held_saved else None),
         "heldout_expected_acceptance_length": _round(
             expected_acceptance_length(held_top1) if held_top1 else None),
+        # what eagle3 eval would measure on the held-out prompts (chain of --ttt-steps):
+        # None when no held-out answer is the target's own text
+        "heldout_chain_acceptance_length": _round(held_saved.chain_acceptance() if held_saved else None),
         "checkpoint": {"path": str(out), "dtype": args.dtype,
                        "parameters": loaded.num_parameters, "has_embed_tokens": False},
         "wall_seconds": {"data": round(t_data - t_start, 2), "train": round(t_train - t_data, 2),
@@ -594,8 +597,10 @@ def _print_summary(r: dict[str, Any]) -> None:
     print(f"  training: {t['steps']} steps in {t['train_seconds']:.0f} s (weights of step "
           f"{t['best_step']}), loss {t['loss_first']} -> {t['loss_last']}; train top-1 by "
           f"position [{fmt(t['train_top1_by_position'])}]")
-    print(f"  held-out top-1 by position [{fmt(r['heldout_top1_by_position'])}], expected "
-          f"chain acceptance length {r['heldout_expected_acceptance_length']}")
+    chain = r["heldout_chain_acceptance_length"]
+    print(f"  held-out top-1 by position [{fmt(r['heldout_top1_by_position'])}]; chain acceptance "
+          f"length {r['heldout_expected_acceptance_length']} if positions were independent"
+          + (f", {chain} replayed on the target's answers" if chain is not None else ""))
     w = r["wall_seconds"]
     print(f"  wall: data {w['data']:.0f} s, train {w['train']:.0f} s, total {w['total']:.0f} s; "
           f"report {Path(r['checkpoint']['path']) / REPORT_NAME}")
