@@ -16,8 +16,10 @@ SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_targe
 setup: .venv/.setup-done
 
 # The shipped draft (`make ship-draft` copies `make draft`'s result here), served by real SGLang on
-# this CPU against target-only: 8 MT-Bench first turns x 64 tokens, SGLang's own client, greedy.
+# this CPU against target-only: 8 MT-Bench first turns x 64 tokens, SGLang's own client, greedy,
+# as a tree of 2 steps x top-4, 6 tokens verified (the best of benchmarks/tree_sweep.py here).
 SHIPPED_DRAFT := drafts/smollm2-135m-eagle3
+SPEC_TREE := --num-steps 2 --topk 4 --draft-tokens 6
 SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
 $(SMOLLM2_HF)/config.json: | setup
 	$(PY) -c "from eagle3_backend.cpu.target_convert import convert_gguf_to_hf as c; c('$(SMOLLM2_HF)')"
@@ -26,7 +28,7 @@ demo: setup $(SMOLLM2_HF)/config.json
 	$(PY) -m eagle3_backend inspect $(SHIPPED_DRAFT)
 	$(PY) -m eagle3_backend validate $(SHIPPED_DRAFT) --target $(SMOLLM2_GGUF)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
-		--prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
+		$(SPEC_TREE) --prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
 
 # A trained EAGLE-3 draft for the bundled SmolLM2 target, in three stages, one thread, fixed seed
 # (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
@@ -112,14 +114,14 @@ serve-cpu: setup $(SMOLLM2_HF)/config.json
 	SGLANG_USE_CPU_ENGINE=1 $(PY) -m sglang.launch_server --model-path $(SMOLLM2_HF) --device cpu \
 		--dtype float32 --max-total-tokens 4096 --host 127.0.0.1 --port 30000 \
 		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(SHIPPED_DRAFT) \
-		--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+		--speculative-num-steps 2 --speculative-eagle-topk 4 --speculative-num-draft-tokens 6
 
 # The same draft through real SGLang: target-only, EAGLE-3 and EAGLE-3 with stock SGLang's capture,
 # measured in rotation with SGLang's own client (python -m sglang.benchmark.serving) on 16 MT-Bench
-# first turns at concurrency 1 and 4; JSON + PNG in benchmarks/results.
+# first turns at concurrency 1 and 4, the demo's tree; JSON + PNG in benchmarks/results.
 serve-demo: setup $(SMOLLM2_HF)/config.json
 	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
-		--concurrency 1 4 --stock
+		$(SPEC_TREE) --concurrency 1 4 --stock
 
 test: setup
 	$(PY) -m pytest -q tests --durations=25

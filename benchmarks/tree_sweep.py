@@ -1,15 +1,18 @@
 """Which speculative tree pays on this CPU: real SGLang, one draft, several tree settings.
 
-The target-only server stays up; one EAGLE-3 server per ``STEPS,TOPK,TOKENS`` setting
+The target-only server and one EAGLE-3 server per ``STEPS,TOPK,TOKENS`` setting
 (``--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens``)
-starts beside it, and the two are measured in rotation with SGLang's own client exactly as
-``serve_demo.py`` does (MT-Bench first turns, chat template, greedy, concurrency 1), so each
-speed-up is a ratio taken in one stretch of time. Prints per setting SGLang's acceptance
-length, output tok/s, the speed-up over target-only and whether every output is identical;
-writes NAME.json (machine, versions, git revision, commands, every report) and NAME.png.
+are up together, ``--together`` settings at a time (a CPU server holds about 3 GB), and are
+measured in rotation with SGLang's own client exactly as ``serve_demo.py`` does (MT-Bench
+first turns, chat template, greedy, concurrency 1): every round runs each server once, so
+the settings of a group share the same stretches of a noisy machine and their speed-ups
+compare with each other, not only with target-only. Prints per setting SGLang's
+acceptance length, output tok/s, the speed-up over target-only and whether every output is
+identical; writes NAME.json (machine, versions, git revision, commands, every report) and
+NAME.png.
 
     python benchmarks/tree_sweep.py --draft DIR
-    python benchmarks/tree_sweep.py --draft DIR --settings 3,1,4 3,4,8 --prompts 8
+    python benchmarks/tree_sweep.py --draft DIR --settings 3,1,4 2,4,6 3,4,8 --prompts 16 --rounds 2
 """
 
 from __future__ import annotations
@@ -71,9 +74,13 @@ def main() -> None:
     ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="tree-sweep")
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "tree_sweep"))
+    ap.add_argument("--together", type=int, default=3,
+                    help="EAGLE-3 servers up at once beside target-only (default 3, ~3 GB each)")
     args = ap.parse_args()
     args.concurrency = [1]
     settings = [parse_setting(s) for s in args.settings]
+    if args.together < 1:
+        raise SystemExit("--together must be >= 1")
 
     from eagle3_backend.verify.report import environment
 
@@ -84,24 +91,28 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         base_srv = serve_demo.start_servers(stack, {"target-only": (ServerSpec(str(target)), {})},
                                             work, pypath)["target-only"]
-        for steps, topk, tokens in settings:
-            name = f"{steps},{topk},{tokens}"
+        for g in range(0, len(settings), args.together):
+            group = {f"{st},{k},{nt}": (ServerSpec(str(target), draft, st, k, nt), {})
+                     for st, k, nt in settings[g:g + args.together]}
             with contextlib.ExitStack() as inner:
-                srv = serve_demo.start_servers(
-                    inner, {f"eagle3-{steps}-{topk}-{tokens}": (
-                        ServerSpec(str(target), draft, steps, topk, tokens), {})}, work, pypath)
-                pair = serve_demo.measure({"target-only": base_srv, **srv}, args, work, dataset, n)
-            if runs:   # target-only's server info is the first pair's
-                pair["target-only"].pop("server_info", None)
-            runs[name] = pair
-            base = pair["target-only"]["levels"]["1"]["report"]
-            rep = next(v for k, v in pair.items() if k != "target-only")["levels"]["1"]["report"]
-            rows.append({"setting": name, "num_steps": steps, "topk": topk, "num_draft_tokens": tokens,
-                         **serve_demo.versus(base, rep),
-                         "tok_s_target_only": round(base["output_throughput"], 3)})
-            print(f"{name:>8s}: acceptance {rows[-1]['accept_length']} | {rows[-1]['tok_s']:.2f} tok/s vs "
-                  f"{rows[-1]['tok_s_target_only']:.2f} | {rows[-1]['speedup']:.2f}x | identical "
-                  f"{rows[-1]['outputs_identical']}", flush=True)
+                srv = serve_demo.start_servers(inner, group, work, pypath)
+                got = serve_demo.measure({"target-only": base_srv, **srv}, args, work, dataset, n)
+            base = got.pop("target-only")
+            if runs:   # target-only's server info is the first group's
+                base.pop("server_info", None)
+            runs[f"target-only/{g // args.together}"] = base
+            for name, run in got.items():
+                runs[name] = run
+                steps, topk, tokens = parse_setting(name)
+                rows.append({"setting": name, "group": g // args.together, "num_steps": steps,
+                             "topk": topk, "num_draft_tokens": tokens,
+                             **serve_demo.versus(base["levels"]["1"]["report"],
+                                                 run["levels"]["1"]["report"]),
+                             "tok_s_target_only": round(base["levels"]["1"]["report"]["output_throughput"], 3)})
+                r = rows[-1]
+                print(f"{name:>8s}: acceptance {r['accept_length']} | {r['tok_s']:.2f} tok/s vs "
+                      f"{r['tok_s_target_only']:.2f} | {r['speedup']:.2f}x | identical "
+                      f"{r['outputs_identical']}", flush=True)
     best = max(rows, key=lambda r: r["speedup"])
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
