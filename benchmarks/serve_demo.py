@@ -1,7 +1,9 @@
 """The served demo: real SGLang on this CPU, EAGLE-3 against target-only, SGLang's own client.
 
-All up at once and measured in rotation, on the same target (the bundled SmolLM2-135M-Instruct as a HF dir,
-fp32) and the same MT-Bench first turns (never in any training data here):
+All up at once and measured in rotation (every server in turn on each chunk of --chunk
+prompts, --rounds times: a slow minute on this shared machine falls on all of them), on the
+same target (the bundled SmolLM2-135M-Instruct as a HF dir, fp32) and the same MT-Bench
+first turns (never in any training data here):
 
   target-only   python -m sglang.launch_server --device cpu ...
   eagle3        the same with --speculative-algorithm EAGLE3 and DRAFT (this package's plugin)
@@ -59,6 +61,7 @@ def bench_command(url: str, target: Path, dataset: Path, n: int, tokens: int, co
             "--model", str(target), "--tokenizer", str(target), "--dataset-name", "custom",
             "--dataset-path", str(dataset), "--num-prompts", str(n), "--sharegpt-output-len", str(tokens),
             "--apply-chat-template", "--max-concurrency", str(concurrency), "--seed", "0",
+            "--warmup-requests", str(concurrency),   # the batch shape warmed before it is timed
             "--temperature", "0",
             "--output-file", str(out), "--output-details", "--disable-tqdm"]
 
@@ -91,38 +94,78 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
             n: int) -> dict:
     """SGLang's client against every server at every level, --rounds times in rotation (the
     servers idle between their turns), so drift on a shared machine hits all of them alike.
+    Within a round the prompts go in chunks of ``--chunk`` (at least the concurrency level),
+    each chunk to every server in turn: the servers take turns every few seconds, not once
+    per round, so a slow minute on this machine falls on all of them.
 
-    Per server and level: the rounds' reports, and one combined report (output tok/s = all
-    output tokens over all the client's seconds; texts and acceptance of round 1, with whether
-    every round gave the same texts)."""
+    Per server and level: the rounds' reports (a round's chunks joined), and one combined
+    report (output tok/s = all output tokens over all the client's seconds; texts and
+    acceptance of round 1, with whether every round gave the same texts)."""
     runs: dict = {name: {"server_command": ["python", "-m", "sglang.launch_server",
                                             *srv.spec.args(srv.port)],
                          "server_env": dict(srv.env_extra),
                          "plugin_active": "eagle3_backend: pre-load checks passed" in srv.log_text(),
                          "levels": {str(c): {"rounds": []} for c in args.concurrency}}
                   for name, srv in servers.items()}
+    lines = dataset.read_text().splitlines(keepends=True)
+    chunk_size = getattr(args, "chunk", None) or n
     for r in range(args.rounds):
         for c in args.concurrency:
-            for name, srv in servers.items():
-                path = work / f"{name}-c{c}-r{r}.jsonl"
-                path.unlink(missing_ok=True)
-                cmd = bench_command(srv.url, Path(srv.spec.target), dataset, n, args.new_tokens, c, path)
-                t0 = time.time()
-                proc = subprocess.run(cmd, capture_output=True, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
-                if proc.returncode != 0:
-                    raise SystemExit(f"[{name}] sglang.benchmark.serving failed ({proc.returncode}):\n"
-                                     f"{proc.stderr[-3000:]}")
-                rep = slim(json.loads(path.read_text().strip().splitlines()[-1]), runs[name])
-                lv = runs[name]["levels"][str(c)]
-                lv["bench_command"] = ["python", *cmd[1:]]
-                lv["rounds"].append(rep)
+            size = max(chunk_size, c)
+            parts: dict[str, list[dict]] = {name: [] for name in servers}
+            t0 = {name: 0.0 for name in servers}
+            for k in range(0, n, size):
+                part = work / f"{dataset.stem}-{k}-{k + size}.jsonl"
+                part.write_text("".join(lines[k:k + size]))
+                m = min(size, n - k)
+                for name, srv in servers.items():
+                    path = work / f"{name}-c{c}-r{r}-{k}.jsonl"
+                    path.unlink(missing_ok=True)
+                    cmd = bench_command(srv.url, Path(srv.spec.target), part, m, args.new_tokens, c, path)
+                    t = time.time()
+                    proc = subprocess.run(cmd, capture_output=True, text=True,
+                                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    if proc.returncode != 0:
+                        raise SystemExit(f"[{name}] sglang.benchmark.serving failed ({proc.returncode}):\n"
+                                         f"{proc.stderr[-3000:]}")
+                    parts[name].append(slim(json.loads(path.read_text().strip().splitlines()[-1]), runs[name]))
+                    runs[name]["levels"][str(c)]["bench_command"] = ["python", *cmd[1:]]
+                    t0[name] += time.time() - t
+            for name in servers:
+                rep = join_chunks(parts[name])
+                runs[name]["levels"][str(c)]["rounds"].append(rep)
                 print(f"[{name} c={c} round {r + 1}/{args.rounds}] {rep['output_throughput']:.2f} tok/s "
-                      f"in {time.time() - t0:.0f} s", flush=True)
+                      f"in {t0[name]:.0f} s", flush=True)
     for run in runs.values():
         for lv in run["levels"].values():
             lv["report"] = combine(lv["rounds"])
     return runs
+
+
+def join_chunks(reps: list[dict]) -> dict:
+    """One round's report from its chunks' reports, in prompt order: counts and seconds
+    summed, per-request lists (texts, lengths, TTFTs) concatenated, throughputs recomputed;
+    SGLang's server-wide acceptance is cumulative, so the last chunk's covers the round.
+    Latency statistics do not add up: each chunk's stay under ``per_chunk``."""
+    if len(reps) == 1:
+        return reps[0]
+    out: dict = {}
+    for key, first in reps[0].items():
+        if key.endswith("_ms") or key.endswith("_throughput") or key == "max_output_tokens_per_s":
+            continue
+        if isinstance(first, list):
+            out[key] = [v for x in reps for v in x[key]]
+        elif key == "completed" or key == "duration" or key.startswith("total_"):
+            out[key] = sum(x[key] for x in reps)
+        else:
+            out[key] = first
+    for key, count in (("output_throughput", "total_output_tokens"), ("input_throughput", "total_input_tokens"),
+                       ("request_throughput", "completed")):
+        out[key] = out[count] / out["duration"]
+    out["accept_length"] = reps[-1].get("accept_length")
+    out["per_chunk"] = [{k: v for k, v in x.items() if k.endswith("_ms") or k == "output_throughput"}
+                        for x in reps]
+    return out
 
 
 def slim(rep: dict, run: dict) -> dict:
@@ -211,6 +254,8 @@ def main() -> None:
                     help="also serve DRAFT with stock SGLang's capture (no eagle3 plugin)")
     ap.add_argument("--rounds", type=int, default=2,
                     help="client runs per server and level, in rotation across the servers (default 2)")
+    ap.add_argument("--chunk", type=int, default=4,
+                    help="prompts per client run within a round, every server in turn (default 4)")
     ap.add_argument("--num-steps", type=int, default=3)
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--draft-tokens", type=int, default=4)

@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="client runs per server, in rotation (default 1)")
+    ap.add_argument("--chunk", type=int, default=4, help="prompts per client run, every server in turn (default 4)")
     ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="tree-sweep")
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "tree_sweep"))

@@ -57,6 +57,24 @@ def test_serve_demo_rounds_combine_as_tokens_over_seconds():
     assert sd.combine(reps)["rounds_identical"] is False
 
 
+def test_serve_demo_chunks_of_a_round_join_in_prompt_order():
+    sd = load_benchmark("serve_demo")
+    one = {"total_output_tokens": 128, "duration": 10.0, "completed": 2, "total_input_tokens": 30,
+           "generated_texts": ["a", "b"], "output_lens": [64, 64], "accept_length": 1.5,
+           "output_throughput": 12.8, "mean_itl_ms": 70.0, "backend": "sglang"}
+    two = {"total_output_tokens": 64, "duration": 6.0, "completed": 1, "total_input_tokens": 10,
+           "generated_texts": ["c"], "output_lens": [64], "accept_length": 1.7,
+           "output_throughput": 64 / 6, "mean_itl_ms": 90.0, "backend": "sglang"}
+    j = sd.join_chunks([one, two])
+    assert j == {"total_output_tokens": 192, "duration": 16.0, "completed": 3, "total_input_tokens": 40,
+                 "generated_texts": ["a", "b", "c"], "output_lens": [64, 64, 64], "accept_length": 1.7,
+                 "backend": "sglang", "output_throughput": 12.0, "input_throughput": 2.5,
+                 "request_throughput": 3 / 16,
+                 "per_chunk": [{"output_throughput": 12.8, "mean_itl_ms": 70.0},
+                               {"output_throughput": 64 / 6, "mean_itl_ms": 90.0}]}
+    assert sd.join_chunks([one]) is one
+
+
 def test_serve_demo_keeps_the_server_info_once_and_no_per_token_latencies():
     sd = load_benchmark("serve_demo")
     run: dict = {}
