@@ -370,7 +370,8 @@ def ttt_loss(model: Eagle3DraftModel, batch: Batch, vocab: VocabMap, head: torch
     draft_head = model.head_weight
     total = batch.aux.new_zeros(())
     stats = StepStats.zeros(ttt_steps)
-    right_rows = [torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(ttt_steps)]
+    right_rows = ([torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(ttt_steps)]
+                  if chain else None)                                   # [B, T] drafted right
     for j, normed in enumerate(ttt_forward(model, batch.tokens, batch.aux, ttt_steps)):
         target_tok = batch.labels[:, 1 + j: 1 + j + T]                  # [B, T] choice at i+1+j
         known = target_tok >= 0                                         # [B, T]
@@ -406,8 +407,9 @@ def ttt_loss(model: Eagle3DraftModel, batch: Batch, vocab: VocabMap, head: torch
             stats.rows[j] = int(is_answer.sum())
             right = target_ids[logits.argmax(dim=-1)] == tok
             stats.correct[j] = int((right & is_answer).sum())
-            right_rows[j][picked] = right & is_answer
-    if chain:
+            if right_rows is not None:
+                right_rows[j][picked] = right & is_answer
+    if right_rows is not None:
         stats.chain_tokens, stats.chain_steps = chain_counts(batch, right_rows)
     return total, stats
 
