@@ -108,12 +108,11 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
                          "levels": {str(c): {"rounds": []} for c in args.concurrency}}
                   for name, srv in servers.items()}
     lines = dataset.read_text().splitlines(keepends=True)
-    chunk_size = getattr(args, "chunk", None) or n
     for r in range(args.rounds):
         for c in args.concurrency:
-            size = max(chunk_size, c)
+            size = max(args.chunk, c)
             parts: dict[str, list[dict]] = {name: [] for name in servers}
-            t0 = {name: 0.0 for name in servers}
+            seconds = {name: 0.0 for name in servers}
             for k in range(0, n, size):
                 part = work / f"{dataset.stem}-{k}-{k + size}.jsonl"
                 part.write_text("".join(lines[k:k + size]))
@@ -130,12 +129,12 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
                                          f"{proc.stderr[-3000:]}")
                     parts[name].append(slim(json.loads(path.read_text().strip().splitlines()[-1]), runs[name]))
                     runs[name]["levels"][str(c)]["bench_command"] = ["python", *cmd[1:]]
-                    t0[name] += time.time() - t
+                    seconds[name] += time.time() - t
             for name in servers:
                 rep = join_chunks(parts[name])
                 runs[name]["levels"][str(c)]["rounds"].append(rep)
                 print(f"[{name} c={c} round {r + 1}/{args.rounds}] {rep['output_throughput']:.2f} tok/s "
-                      f"in {t0[name]:.0f} s", flush=True)
+                      f"in {seconds[name]:.0f} s", flush=True)
     for run in runs.values():
         for lv in run["levels"].values():
             lv["report"] = combine(lv["rounds"])

@@ -428,7 +428,6 @@ def chain_counts(batch: Batch, right_rows: Sequence[torch.Tensor]) -> tuple[int,
     token (generated answers; teacher-forced text is skipped). Unlike the product of
     per-step top-1s, this keeps where the right rows fall: hard stretches cost a
     verify step a token, easy ones several tokens a step."""
-    S = len(right_rows)
     right = torch.stack(right_rows, dim=-1).cpu()                       # [B, T, S]
     tokens_, steps_ = 0, 0
     toks, labels, assistant = batch.tokens.cpu(), batch.labels.cpu(), batch.assistant.cpu()
@@ -485,10 +484,6 @@ def heldout_score(stats: StepStats) -> tuple[float, float]:
     expected = expected_acceptance_length(stats.top1()) or 0.0
     sim = stats.chain_acceptance()
     return (sim if sim is not None else expected, expected)
-
-
-def _round4(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
 
 
 # --------------------------------------------------------------------------- training
@@ -645,9 +640,9 @@ def train_draft(model: Eagle3DraftModel, train: Sequence[DataSequence],
         held_curve.append({"step": step, "epoch": round(step / per_epoch, 2),
                            "top1_by_position": [None if a is None else round(a, 4)
                                                 for a in st.top1()],
-                           "expected_acceptance_length": round(
-                               expected_acceptance_length(st.top1()) or 0.0, 4),
-                           "chain_acceptance_length": _round4(st.chain_acceptance())})
+                           "expected_acceptance_length": round(score[1], 4),
+                           "chain_acceptance_length": (None if st.chain_acceptance() is None
+                                                       else round(st.chain_acceptance(), 4))})
         logger.info("held-out at step %d: top-1 by position %s, acceptance %.3f",
                     step, held_curve[-1]["top1_by_position"], score[0])
         if bar is not None:
@@ -769,7 +764,7 @@ def summarize(result: TrainResult) -> dict[str, Any]:
         "heldout_scored_rows_by_position": held.rows if held else None,
         "heldout_expected_acceptance_length": (expected_acceptance_length(held_top1)
                                                if held_top1 else None),
-        "heldout_chain_acceptance_length": _round4(held.chain_acceptance()) if held else None,
+        "heldout_chain_acceptance_length": held.chain_acceptance() if held else None,
         "best_step": result.best_step,
         "resumed_from_step": result.resumed_from,
         "heldout_curve": result.heldout_curve,
