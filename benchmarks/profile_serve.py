@@ -96,6 +96,9 @@ def main() -> None:
     ap.add_argument("--target", default=str(ROOT / "artifacts" / "smollm2-135m-instruct"))
     ap.add_argument("--seconds", type=float, default=40)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--num-steps", type=int, default=2)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--draft-tokens", type=int, default=6)
     ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="profile-serve")
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "profile_serve"))
@@ -111,7 +114,8 @@ def main() -> None:
 
     ids = render_prompt(AutoTokenizer.from_pretrained(target), read_mtbench()[0])
     specs = {"target-only": (ServerSpec(str(target)), {"OMP_NUM_THREADS": "1"}),
-             "eagle3": (ServerSpec(str(target), str(Path(args.draft).resolve())),
+             "eagle3": (ServerSpec(str(target), str(Path(args.draft).resolve()), args.num_steps,
+                                   args.topk, args.draft_tokens),
                         {"OMP_NUM_THREADS": "1"})}
     result = {}
     with contextlib.ExitStack() as stack:

@@ -129,3 +129,25 @@ def test_profile_serve_sorts_main_thread_samples_into_phases_and_ops():
     assert dict(phase) == {"verify forward": 10, "draft steps": 4, "draft extend": 1, "other": 5}
     assert op["verify forward", "lm_head"] == 3 and op["verify forward", "linear layers"] == 5
     assert op["verify forward", "other"] == 2 and op["draft steps", "linear layers"] == 4
+
+
+def test_small_gemm_bench_streams_the_weights_in_forward_order(tmp_path):
+    """bench_small_gemm reads a checkpoint's linear weights layer by layer (layer 10 after
+    layer 2, not in string order), the LM head last (the tied embedding without one), and
+    every provider multiplies them as F.linear does."""
+    from safetensors.torch import save_file
+
+    bench = load_benchmark("bench_small_gemm")
+    g = torch.Generator().manual_seed(0)
+    t = {f"model.layers.{i}.mlp.down_proj.weight": torch.randn(8, 16, generator=g) for i in (10, 2)}
+    t["model.layers.2.input_layernorm.weight"] = torch.ones(16)         # 1-D: not a linear
+    t["model.embed_tokens.weight"] = torch.randn(32, 16, generator=g)
+    save_file(t, str(tmp_path / "model.safetensors"))
+    ws = bench.linear_weights(tmp_path)
+    want = [t["model.layers.2.mlp.down_proj.weight"], t["model.layers.10.mlp.down_proj.weight"],
+            t["model.embed_tokens.weight"]]
+    assert len(ws) == 3 and all(torch.equal(a, b) for a, b in zip(ws, want))
+    x = torch.randn(3, 16, generator=g)
+    for name, fn in bench.providers(ws).items():
+        for i, w in enumerate(ws):
+            torch.testing.assert_close(fn(x, i), x @ w.T, rtol=1e-5, atol=1e-5, msg=name)

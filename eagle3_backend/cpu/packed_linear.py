@@ -7,7 +7,7 @@ repacks the whole weight matrix on every call: measured on SmolLM2's
 (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
 ``torch.ops.mkldnn._linear_pointwise`` costs about the same for 4 rows as
 F.linear for one, which is what makes a verify step cheap relative to a
-decode step. One row keeps F.linear (see ``packed_linear``).
+decode step. Without the kernel below, one row keeps F.linear (see ``packed_linear``).
 
 How: the platform's ``post_load_model`` hook (SGLang calls it once per
 loaded model, target and draft) swaps the ``quant_method`` of every layer
@@ -21,11 +21,12 @@ it after every load (``/update_weights_from_disk`` included). So weight reloads,
 draft swaps (which bump the versions) and the EAGLE draft's shared embeddings
 stay correct. Embedding lookups keep using the plain weight.
 
-Few fp32 rows (2..16: a verify, a top-k draft step) go first to the C++ kernel of
-``small_gemm`` when it builds here: measured on this project's 2-core machine over
-SmolLM2-135M's linear weights, 4 rows cost 1.19x one F.linear row through it against
-1.42x through the packed weights. One row (a decode step) stays on F.linear, the
-fastest here for it.
+Up to 16 fp32 rows (a decode step, a verify, a top-k draft step) go first to the C++
+kernel of ``small_gemm`` when it builds here: it streams each weight once for all rows
+with prefetches far ahead, and on this project's 2-core machine over SmolLM2-135M's
+linear weights one row costs about 0.55x and 6 rows about 0.65x one F.linear row
+(``benchmarks/bench_small_gemm.py``), against 1.42x for 4 rows through the packed
+weights.
 
 A weight that bf16 holds exactly (a bf16 checkpoint served at ``--dtype float32``: an
 EAGLE-3 draft usually) also gets a bf16 copy (half the fp32 weight's memory), made on
@@ -77,15 +78,13 @@ def _packed(layer: torch.nn.Module) -> torch.Tensor:
 
 
 def packed_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, layer.weight, bias)``; for 2+ rows through a faster path: fp32 inputs
-    of 2..16 rows go to the few-row kernel (:mod:`eagle3_backend.cpu.small_gemm`: each
-    weight row read once for all rows) when it is built, anything else to the layer's
-    packed oneDNN weight.
+    """``F.linear(x, layer.weight, bias)`` through a faster path: fp32 inputs of 1..16 rows
+    go to the few-row kernel (:func:`small_gemm.kernel_linear`: each weight row read once
+    for all rows, from its exact bf16 copy where there is one) when it is built, more rows
+    to the layer's packed oneDNN weight.
 
-    x: [..., K] -> [..., N]. A weight bf16 holds exactly multiplies 1..16 fp32 rows from
-    its bf16 copy (:func:`small_gemm.kernel_linear`). Otherwise one row stays on
-    F.linear: its matrix-vector
-    product streams the plain weight faster than oneDNN reads the packed one
+    x: [..., K] -> [..., N]. Without the kernel one row stays on F.linear: its
+    matrix-vector product streams the plain weight faster than oneDNN reads the packed one
     (whole-model sweep, SmolLM2-135M fp32: 93 ms vs 166 ms for one row; for
     4 rows 202 ms vs 176 ms, and 69 ms vs 28 ms on the LM head alone).
     Also falls back to F.linear for inputs the packed kernel does not take

@@ -175,10 +175,12 @@ def _bf16_copy(layer: torch.nn.Module) -> torch.Tensor | None:
 
 def kernel_linear(layer: torch.nn.Module, x: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``F.linear(x, layer.weight, bias)`` through the kernel where it pays, else None:
-    1..16 fp32 rows from the weight's exact bf16 copy (half the bytes, the fp32 kernel's
-    result bit for bit; not with ``EAGLE3_CPU_BF16_WEIGHTS=0``), or 2..16 fp32 rows from
-    the fp32 weight (one row is F.linear's: its matrix-vector product is faster there)."""
+    """``F.linear(x, layer.weight, bias)`` through the kernel where it takes the operands,
+    else None: 1..16 fp32 rows from the weight's exact bf16 copy (half the bytes, the fp32
+    kernel's result bit for bit; not with ``EAGLE3_CPU_BF16_WEIGHTS=0``), else from the
+    fp32 weight. One row included: the kernel streams a weight faster than F.linear's
+    matrix-vector product (see the .cpp), and a token's result is then the same whether it
+    is decoded alone or verified with others."""
     w = layer.weight
     if not supports(x, w, bias):
         return None
@@ -186,11 +188,7 @@ def kernel_linear(layer: torch.nn.Module, x: torch.Tensor,
     if mod is None:
         return None
     narrow = _bf16_copy(layer) if os.environ.get(ENV_BF16, "1") != "0" else None
-    if narrow is not None:
-        return small_linear(x, narrow, bias, module=mod)
-    if x.numel() // x.shape[-1] >= 2:
-        return small_linear(x, w, bias, module=mod)
-    return None
+    return small_linear(x, w if narrow is None else narrow, bias, module=mod)
 
 
 def _few_row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8, 9, 13, 16])
 @pytest.mark.parametrize("n,k", [(96, 64), (33, 577), (1, 7), (3072, 576)])
 def test_equals_fp64_reference(kernel, rows, n, k):
     x = torch.randn(rows, k, generator=_gen(rows))
@@ -29,15 +29,15 @@ def test_equals_fp64_reference(kernel, rows, n, k):
 
 
 def test_a_row_does_not_depend_on_its_batch(kernel):
-    """Row i of a 4-row call is bit-identical to the same row alone (and in a 16-row call)."""
-    x = torch.randn(16, 576, generator=_gen(3))
-    w = torch.randn(960, 576, generator=_gen(4))
-    four = small_gemm.small_linear(x[:4], w)
-    sixteen = small_gemm.small_linear(x, w)
-    for i in range(4):
-        one = small_gemm.small_linear(x[i:i + 1], w)
-        assert torch.equal(four[i:i + 1], one), f"row {i}: 4-row call differs from 1-row call"
-        assert torch.equal(sixteen[i:i + 1], one), f"row {i}: 16-row call differs from 1-row call"
+    """Every row of an M-row call (M = 1..16: one pass over W, or two) is bit-identical to
+    the same row alone: a verified token gets its decode result."""
+    x = torch.randn(16, 577, generator=_gen(3))
+    w = torch.randn(961, 577, generator=_gen(4))
+    alone = torch.cat([small_gemm.small_linear(x[i:i + 1], w) for i in range(16)])
+    for m in range(1, 17):
+        got = small_gemm.small_linear(x[:m], w)
+        bad = [i for i in range(m) if not torch.equal(got[i], alone[i])]
+        assert not bad, f"rows {bad} of a {m}-row call differ from the same rows alone"
 
 
 def test_leading_dims_and_non_contiguous_inputs(kernel):
@@ -71,13 +71,13 @@ def test_supports_only_what_the_kernel_takes():
 
 
 def test_packed_linear_routes_few_fp32_rows_to_the_kernel(kernel):
-    """The platform's linear method uses the kernel for 2..16 fp32 rows: bit-identical to
-    calling it directly; one row stays on F.linear, more rows keep the oneDNN path."""
+    """The platform's linear method uses the kernel for 1..16 fp32 rows (a decode step's one
+    row included): bit-identical to calling it directly; more rows keep the oneDNN path."""
     layer = torch.nn.Linear(64, 96, bias=False)
     x = torch.randn(4, 64, generator=_gen(9))
-    assert torch.equal(packed_linear.packed_linear(layer, x, None),
-                       small_gemm.small_linear(x, layer.weight))
-    assert torch.equal(packed_linear.packed_linear(layer, x[:1], None), F.linear(x[:1], layer.weight))
+    for rows in (1, 4):
+        assert torch.equal(packed_linear.packed_linear(layer, x[:rows], None),
+                           small_gemm.small_linear(x[:rows], layer.weight))
     big = torch.randn(40, 64, generator=_gen(10))
     assert_close_report(packed_linear.packed_linear(layer, big, None),
                         F.linear(big.double(), layer.weight.double()), 2e-5, 1e-5,
@@ -97,8 +97,8 @@ def test_disabled_by_env_means_fallback(monkeypatch):
 
 
 def test_few_row_linears_routes_inference_only(kernel):
-    """few_row_linears: 2..16 rows without autograd go to the kernel (bit-identical to it);
-    one row, 17+ rows and anything that needs gradients keep F.linear exactly."""
+    """few_row_linears: 1..16 rows without autograd go to the kernel (bit-identical to it);
+    17+ rows and anything that needs gradients keep F.linear exactly."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(48, 80), torch.nn.SiLU(), torch.nn.Linear(80, 24))
     ref = [m.forward for m in (model[0], model[2])]
@@ -109,9 +109,11 @@ def test_few_row_linears_routes_inference_only(kernel):
         want = small_gemm.small_linear(F.silu(small_gemm.small_linear(x, model[0].weight, model[0].bias)),
                                        model[2].weight, model[2].bias)
         assert torch.equal(got, want)
-        for rows in (1, 17):
-            xr = torch.randn(rows, 48, generator=_gen(rows))
-            assert torch.equal(model(xr), ref[1](F.silu(ref[0](xr))))
+        one = small_gemm.small_linear(F.silu(small_gemm.small_linear(x[:1], model[0].weight, model[0].bias)),
+                                      model[2].weight, model[2].bias)
+        assert torch.equal(model(x[:1]), one)
+        xr = torch.randn(17, 48, generator=_gen(17))
+        assert torch.equal(model(xr), ref[1](F.silu(ref[0](xr))))
     y = model(x)                               # grad enabled, weights require grad: F.linear
     assert torch.equal(y, ref[1](F.silu(ref[0](x))))
     y.sum().backward()
@@ -147,8 +149,8 @@ def test_a_bf16_weight_gives_the_fp32_kernels_result_bit_for_bit(kernel, rows, n
 
 def test_kernel_linear_streams_an_exact_bf16_copy_and_follows_the_weight(kernel, monkeypatch):
     """A weight bf16 holds exactly is multiplied from its bf16 copy for 1..16 rows (the fp32
-    kernel's result bit for bit); any other weight keeps F.linear for one row and the fp32
-    kernel for 2..16; an in-place change or a replacement is checked again."""
+    kernel's result bit for bit); any other weight takes the fp32 kernel; an in-place change
+    or a replacement is checked again."""
     layer = torch.nn.Linear(576, 200, bias=True)
     with torch.no_grad():
         layer.weight.copy_(layer.weight.bfloat16().float())
@@ -164,17 +166,20 @@ def test_kernel_linear_streams_an_exact_bf16_copy_and_follows_the_weight(kernel,
     with torch.no_grad():
         layer.weight[3, 5] += 1e-3                      # no longer bf16
     assert not small_gemm.bf16_exact(layer.weight)
-    assert small_gemm.kernel_linear(layer, x[:1], layer.bias) is None
-    assert torch.equal(small_gemm.kernel_linear(layer, x, layer.bias),
-                       small_gemm.small_linear(x, layer.weight, layer.bias))
-    assert torch.equal(packed_linear.packed_linear(layer, x[:1], layer.bias),
-                       F.linear(x[:1], layer.weight, layer.bias))
+    assert layer.__dict__[small_gemm.BF16_STATE][2] is not None             # not remade yet
+    for rows in (1, 4):
+        assert torch.equal(small_gemm.kernel_linear(layer, x[:rows], layer.bias),
+                           small_gemm.small_linear(x[:rows], layer.weight, layer.bias))
+    assert layer.__dict__[small_gemm.BF16_STATE][2] is None                 # fp32 from now on
     layer.weight = torch.nn.Parameter(torch.full((200, 576), 0.5))   # exact again
     assert torch.equal(small_gemm.kernel_linear(layer, x[:1], None),
                        small_gemm.small_linear(x[:1], layer.weight))
     assert layer.__dict__[small_gemm.BF16_STATE][0] is layer.weight
     monkeypatch.setenv(small_gemm.ENV_BF16, "0")
-    assert small_gemm.kernel_linear(layer, x[:1], None) is None
+    layer.weight = torch.nn.Parameter(torch.full((200, 576), 0.25))  # exact, copy not made
+    assert torch.equal(small_gemm.kernel_linear(layer, x[:1], None),
+                       small_gemm.small_linear(x[:1], layer.weight))
+    assert layer.__dict__[small_gemm.BF16_STATE][0] is not layer.weight  # no bf16 copy made
     assert small_gemm.bf16_exact(torch.zeros(3, 4)) and not small_gemm.bf16_exact(torch.zeros(3, 4)[:, ::2])
 
 

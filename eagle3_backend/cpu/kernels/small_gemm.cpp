@@ -4,9 +4,15 @@
 // such M the product should cost what streaming W from memory costs, yet BLAS GEMMs
 // pack W (or read a prepacked copy) and at M = 4 run up to twice as long as the
 // matrix-vector product at M = 1. This kernel reads each row of W once (two rows at a
-// time, prefetched ahead) and dots it with up to four rows of x at a time (x stays in
-// L1), with FMA on one vector register per (x row, W row): AVX-512 where the building
-// machine has it, else AVX2, else plain C++.
+// time) and dots it with up to eight rows of x in the same pass (four without AVX-512's
+// 32 registers; x stays in L1), with FMA on one vector register per (x row, W row):
+// AVX-512 where the building machine has it, else AVX2, else plain C++.
+//
+// W streams from memory with software prefetches 16 KB ahead into L2. On the 2-core VM
+// this project measures on, a prefetch 2 KB ahead into L1 left the stream latency-bound
+// (one row about MKL's matrix-vector product's time); 16 KB ahead, SmolLM2-135M's linear
+// weights and LM head (538 MB fp32, one thread) take 0.48x of MKL's time for one row and
+// 0.57x for 6 (benchmarks/bench_small_gemm.py, docs/cpu-engine.md).
 //
 // Summation order: element (m, n) is the same fixed-order dot product of x[m] and W[n]
 // (V lanes over K in steps of V, a fixed lane reduction, then the K % V tail, all with
@@ -41,7 +47,7 @@
 namespace {
 
 constexpr int64_t kMaxRows = 16;
-constexpr int64_t kPrefetchBytes = 2048;  // ahead of the loads in each W row
+constexpr int64_t kPrefetchBytes = 16384;  // ahead of the loads in each W row, into L2
 using bf16_t = uint16_t;                   // bf16 bits: the high half of an fp32
 
 inline float widen(float v) { return v; }
@@ -99,7 +105,7 @@ inline void block(const T* __restrict w, int64_t ldw, const float* __restrict x,
   for (int64_t k = 0; k < Kv; k += E3_VEC) {
     vec_t wv[NR];
     for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + k + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + k + kPrefetch), _MM_HINT_T1);
       wv[j] = vload(w + j * ldw + k);
     }
     for (int m = 0; m < MR; ++m) {
@@ -115,17 +121,27 @@ inline void block(const T* __restrict w, int64_t ldw, const float* __restrict x,
     }
 }
 
+#if defined(__AVX512F__)
+constexpr int kPassRows = 8;   // x rows per pass over W rows: MR * NR accumulators + NR + 1
+#else                          // registers must fit (32 with AVX-512, 16 with AVX2)
+constexpr int kPassRows = 4;
+#endif
+
 template <int NR, typename T>
 inline void rows_block(const T* w, int64_t ldw, const float* x, int64_t M, int64_t K,
                        float* out, int64_t N) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) block<4, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N);
+  for (; m + kPassRows <= M; m += kPassRows)
+    block<kPassRows, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N);
+#define E3_ROWS(R) \
+  case R:          \
+    if constexpr (R < kPassRows) block<R, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); \
+    break;
   switch (M - m) {
-    case 3: block<3, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
-    case 2: block<2, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
-    case 1: block<1, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); break;
+    E3_ROWS(1) E3_ROWS(2) E3_ROWS(3) E3_ROWS(4) E3_ROWS(5) E3_ROWS(6) E3_ROWS(7)
     default: break;
   }
+#undef E3_ROWS
 }
 #endif
 
