@@ -10,6 +10,9 @@ first turns (never in any training data here):
   stock         (--stock) the same EAGLE-3 server with SGLANG_PLUGINS=eagle3_cpu: the CPU
                 platform only, stock SGLang's own capture of the ids in DRAFT's config
                 (a layout stock SGLang can express): what the plugin costs
+  target-only-sync  (--sync-baseline) target-only with --disable-overlap-schedule, the
+                scheduling every speculative server runs on CPU and the faster target-only
+                server on this one: the speed-up against the best baseline
 
 each measured at every --concurrency level with ``python -m sglang.benchmark.serving
 --backend sglang --dataset-name custom --apply-chat-template --max-concurrency C
@@ -201,6 +204,11 @@ def summarize(runs: dict, n: int) -> dict:
     for c, lv in runs["target-only"]["levels"].items():
         base = lv["report"]
         row: dict = {"tok_s_target_only": round(base["output_throughput"], 3)}
+        if "target-only-sync" in runs:
+            sync = runs["target-only-sync"]["levels"][c]["report"]["output_throughput"]
+            row["tok_s_target_only_sync"] = round(sync, 3)
+            row["speedup_eagle3_over_sync"] = round(
+                runs["eagle3"]["levels"][c]["report"]["output_throughput"] / sync, 3)
         for name in ("eagle3", "stock"):
             if name in runs:
                 row.update({f"{k}_{name}": v for k, v in versus(base, runs[name]["levels"][c]["report"]).items()})
@@ -220,9 +228,12 @@ def plot(path: Path, summary: dict, title: str) -> None:
     import matplotlib.pyplot as plt
 
     levels = list(summary["levels"])
-    names = [k for k in ("target_only", "eagle3", "stock") if f"tok_s_{k}" in summary["levels"][levels[0]]]
-    colors = {"target_only": "#888888", "eagle3": "#2a7ab9", "stock": "#e08a2c"}
-    labels = {"target_only": "target-only", "eagle3": "EAGLE-3 (plugin)", "stock": "EAGLE-3 (stock capture)"}
+    names = [k for k in ("target_only", "target_only_sync", "eagle3", "stock")
+             if f"tok_s_{k}" in summary["levels"][levels[0]]]
+    colors = {"target_only": "#888888", "target_only_sync": "#bbbbbb", "eagle3": "#2a7ab9",
+              "stock": "#e08a2c"}
+    labels = {"target_only": "target-only", "target_only_sync": "target-only, no overlap",
+              "eagle3": "EAGLE-3 (plugin)", "stock": "EAGLE-3 (stock capture)"}
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     w = 0.8 / len(names)
     for i, k in enumerate(names):
@@ -251,6 +262,8 @@ def main() -> None:
                     help="client --max-concurrency levels, each on the same servers (default 1)")
     ap.add_argument("--stock", action="store_true",
                     help="also serve DRAFT with stock SGLang's capture (no eagle3 plugin)")
+    ap.add_argument("--sync-baseline", action="store_true",
+                    help="also serve target-only with --disable-overlap-schedule")
     ap.add_argument("--rounds", type=int, default=2,
                     help="client runs per server and level, in rotation across the servers (default 2)")
     ap.add_argument("--chunk", type=int, default=4,
@@ -271,6 +284,9 @@ def main() -> None:
     specs = {"target-only": (ServerSpec(str(target)), {}), "eagle3": (eagle, {})}
     if args.stock:   # the CPU platform only: stock SGLang's own capture, no eagle3 plugin
         specs["stock"] = (eagle, {"SGLANG_PLUGINS": "eagle3_cpu"})
+    if args.sync_baseline:
+        specs["target-only-sync"] = (ServerSpec(str(target),
+                                                extra_args=("--disable-overlap-schedule",)), {})
     with contextlib.ExitStack() as stack:
         runs = measure(start_servers(stack, specs, work, pypath), args, work, dataset, n)
     if args.stock and (runs["stock"]["plugin_active"] or not runs["eagle3"]["plugin_active"]):
@@ -291,6 +307,9 @@ def main() -> None:
         line = (f"concurrency {c}: acceptance length {row['accept_length_eagle3']} (SGLang's) | tok/s "
                 f"target-only {row['tok_s_target_only']:.2f}, EAGLE-3 {row['tok_s_eagle3']:.2f} | "
                 f"speed-up {row['speedup_eagle3']:.2f}x | outputs identical {row['outputs_identical_eagle3']}")
+        if "speedup_eagle3_over_sync" in row:
+            line += (f" | target-only without overlap {row['tok_s_target_only_sync']:.2f} tok/s: "
+                     f"speed-up over it {row['speedup_eagle3_over_sync']:.2f}x")
         if "plugin_over_stock" in row:
             line += (f" | stock capture {row['tok_s_stock']:.2f} tok/s: plugin / stock "
                      f"{row['plugin_over_stock']:.3f}, outputs identical {row['plugin_stock_identical']}")

@@ -44,6 +44,12 @@ def test_serve_demo_summary_per_level_with_the_stock_capture():
     # without a stock run there is no stock column
     del runs["stock"]
     assert not any("stock" in k for k in sd.summarize(runs, 4)["levels"]["1"])
+    # the no-overlap target-only server: its tok/s and the speed-up over it, per level
+    runs["target-only-sync"] = {"levels": {"1": {"report": _report(12.5, ["a", "b", "c", "d"])},
+                                           "4": {"report": _report(25.0, ["a", "b", "c", "d"])}}}
+    one, four = (sd.summarize(runs, 4)["levels"][c] for c in ("1", "4"))
+    assert (one["tok_s_target_only_sync"], one["speedup_eagle3_over_sync"]) == (12.5, 1.2)
+    assert (four["speedup_eagle3"], four["speedup_eagle3_over_sync"]) == (0.8, 0.64)
 
 
 def test_serve_demo_rounds_combine_as_tokens_over_seconds():

@@ -218,7 +218,13 @@ def test_verify_chain_exact(sgl_ops):
     assert predicts.tolist() == [20, 21, 42, 0]
 
 
-def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer(sgl_ops):
+@pytest.mark.parametrize("kernel_on", [True, False], ids=["kernel", "torch"])
+def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer(sgl_ops, kernel_on, monkeypatch):
+    """The same moves through the C++ copy and the torch path (kernels off)."""
+    from eagle3_backend.cpu import small_gemm
+
+    if not kernel_on:
+        monkeypatch.setitem(small_gemm._state, "module", None)
     g = torch.Generator().manual_seed(3)
     bufs = [torch.randn(10, 3, 4, generator=g), torch.randn(10, 2, 8, generator=g).to(torch.bfloat16)]
     before = [b.clone() for b in bufs]

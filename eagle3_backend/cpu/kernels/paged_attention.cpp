@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -355,6 +356,35 @@ void paged_attention(const torch::Tensor& q, torch::Tensor& out, const torch::Te
                   window_plus_one);
 }
 
+// copy_all_layer_kv_cache_cpu's work (ops/kv_copy.py): in every buffer i (base address
+// ptrs[i], rows of strides[i] bytes), row tgt[j] <- row src[j]. All source rows of a buffer
+// are read before any is written, so overlapping source and target sets read old values.
+void copy_kv_rows(const at::Tensor& ptrs, const at::Tensor& strides, const at::Tensor& tgt,
+                  const at::Tensor& src) {
+  TORCH_CHECK(ptrs.dim() == 1 && ptrs.element_size() == 8 && ptrs.is_contiguous() &&
+                  strides.scalar_type() == at::kLong && strides.is_contiguous() &&
+                  strides.numel() == ptrs.numel(),
+              "copy_kv_rows: ptrs must be [n] 64-bit addresses and strides [n] int64");
+  TORCH_CHECK(tgt.scalar_type() == at::kLong && src.scalar_type() == at::kLong &&
+                  tgt.is_contiguous() && src.is_contiguous() && tgt.numel() == src.numel(),
+              "copy_kv_rows: tgt and src must be int64 of equal length");
+  const auto* base = reinterpret_cast<const uint64_t*>(ptrs.data_ptr());
+  const int64_t* stride = strides.data_ptr<int64_t>();
+  const int64_t* t = tgt.data_ptr<int64_t>();
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t n = tgt.numel();
+  std::vector<uint8_t> held;
+  for (int64_t i = 0; i < ptrs.numel(); ++i) {
+    auto* rows = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(base[i]));
+    const int64_t w = stride[i];
+    held.resize(size_t(n * w));
+    for (int64_t j = 0; j < n; ++j) std::memcpy(held.data() + j * w, rows + s[j] * w, size_t(w));
+    for (int64_t j = 0; j < n; ++j) std::memcpy(rows + t[j] * w, held.data() + j * w, size_t(w));
+  }
+}
+
 void register_paged_attention(pybind11::module_& m) {
   m.def("paged_attention", &paged_attention, "extend / decode attention over SGLang's paged KV cache");
+  m.def("copy_kv_rows", &copy_kv_rows,
+        "rows tgt <- rows src in every buffer given by its base address and row stride in bytes");
 }
