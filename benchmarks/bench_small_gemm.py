@@ -1,7 +1,7 @@
 """Benchmark: the few-row linear kernel against torch's CPU paths, on a real model's weights.
 
 One sweep multiplies M rows through every linear weight of the target (SmolLM2-135M:
-30 layers x q/k/v, o, gate/up, down, then the 49152 x 576 LM head; 540 MB fp32), in
+30 layers x q/k/v, o, gate/up, down, then the 49152 x 576 LM head; 538 MB fp32), in
 model order, so each weight comes from memory as in a decode or verify step, never from
 cache. Providers, each timed per M in rotation, round by round, so all see the same
 background load; every result is first checked equal to ``F.linear`` (the kernel's up to
@@ -60,7 +60,8 @@ def providers(weights: list[torch.Tensor]) -> dict:
     if mod is None:
         raise SystemExit(f"the kernel did not build here ({small_gemm.ENV}=0 or no compiler; "
                          "see the log above)")
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in weights]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, packed_linear._PACK_HINT_ROWS)
+              for w in weights]                    # packed as packed_linear packs a layer
     return {
         "F.linear": lambda x, i: F.linear(x, weights[i]),
         "onednn": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], ""),

@@ -23,10 +23,10 @@ stay correct. Embedding lookups keep using the plain weight.
 
 Up to 16 fp32 rows (a decode step, a verify, a top-k draft step) go first to the C++
 kernel of ``small_gemm`` when it builds here: it streams each weight once for all rows
-with prefetches far ahead, and on this project's 2-core machine over SmolLM2-135M's
-linear weights one row costs about 0.55x and 6 rows about 0.65x one F.linear row
-(``benchmarks/bench_small_gemm.py``), against 1.42x for 4 rows through the packed
-weights.
+with prefetches far ahead: on this project's 2-core EPYC VM over SmolLM2-135M's linear
+weights and LM head, one row costs 0.48x and 6 rows 0.57x one F.linear row, against 0.77x
+for 6 rows through the packed weights (``benchmarks/bench_small_gemm.py``,
+``benchmarks/results/small-gemm.json``).
 
 A weight that bf16 holds exactly (a bf16 checkpoint served at ``--dtype float32``: an
 EAGLE-3 draft usually) also gets a bf16 copy (half the fp32 weight's memory), made on
