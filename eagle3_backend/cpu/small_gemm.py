@@ -37,6 +37,7 @@ ENV_BF16 = "EAGLE3_CPU_BF16_WEIGHTS"
 BF16_STATE = "_eagle3_bf16_weight"
 SOURCE = Path(__file__).with_name("kernels") / "small_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("paged_attention.cpp"), SOURCE.with_name("layer_ops.cpp"))
+HEADERS = (SOURCE.with_name("vec_exp.h"),)   # included by the sources: part of the build key
 MAX_ROWS = 16
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 
@@ -63,7 +64,7 @@ def _cpu_fingerprint() -> bytes:
 
 def build_dir() -> Path:
     """Where the build for this source, torch, flags and CPU lives."""
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + torch.__version__.encode()
                          + " ".join(CFLAGS).encode() + _cpu_fingerprint()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return root / "eagle3-backend" / "cpu-ext" / f"small_gemm-{key}"

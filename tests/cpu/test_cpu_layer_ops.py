@@ -107,6 +107,20 @@ def test_silu_and_mul_equals_sglang_native(kernel):
                        layer_ops.silu_and_mul(layer, kernel, rows[4:5]))
 
 
+@pytest.mark.parametrize("d", [13, 1, 8])
+def test_silu_and_mul_vector_lanes_tail_and_extremes(kernel, d):
+    """Eight lanes at a time plus a scalar tail (d = 13: one vector, five in the tail), and
+    inputs far out in both directions: silu's e^-|g| never overflows, so no inf or NaN."""
+    from sglang.srt.layers.activation import SiluAndMul
+
+    g = torch.linspace(-120.0, 120.0, 7 * d).view(7, d)
+    u = torch.linspace(-3.0, 2.0, 7 * d).view(7, d)
+    got = layer_ops.silu_and_mul(SiluAndMul(), kernel, torch.cat([g, u], dim=-1))
+    ref = torch.nn.functional.silu(g.double()) * u.double()
+    assert torch.isfinite(got).all()
+    assert_close_report(got, ref, 1e-30, 1e-5, what=f"silu_and_mul vs fp64, d={d}")
+
+
 @pytest.fixture(autouse=True)
 def cpu_engine(monkeypatch):
     """Layers built as in a CPU-engine server process: SGLang's rotary module reads

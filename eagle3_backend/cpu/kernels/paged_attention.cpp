@@ -37,12 +37,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define E3_ATTN_AVX2 1
-#else
-#define E3_ATTN_AVX2 0
-#endif
+#include "vec_exp.h"
 
 namespace {
 
@@ -53,7 +48,7 @@ inline float to_f(BFloat16 v) { return static_cast<float>(v); }
 inline void from_f(float v, float* p) { *p = v; }
 inline void from_f(float v, BFloat16* p) { *p = BFloat16(v); }
 
-#if E3_ATTN_AVX2
+#if E3_VEC_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -71,7 +66,7 @@ template <typename T>
 inline float dot(const float* q, const T* k, int64_t D) {
   int64_t d = 0;
   float s = 0.f;
-#if E3_ATTN_AVX2
+#if E3_VEC_AVX2
   __m256 acc = _mm256_setzero_ps();
   for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), acc);
   s = hsum8(acc);
@@ -83,7 +78,7 @@ inline float dot(const float* q, const T* k, int64_t D) {
 // four keys at once (independent FMA chains); each result equals dot(q, k_i, D) bit for bit
 template <typename T>
 inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
-#if E3_ATTN_AVX2
+#if E3_VEC_AVX2
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t d = 0;
   for (; d + 8 <= D; d += 8) {
@@ -103,30 +98,10 @@ inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
 #endif
 }
 
-#if E3_ATTN_AVX2
-// e^x for x <= 0 (softmax numerators): Cephes' range reduction and degree-6 polynomial
-// (relative error about 2e-7); below -88.37 it gives about 1e-38, not 0.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                             _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
 
 // s[0..n) (padded with room for a multiple of 8) -> softmax weights, in place
 inline void softmax(float* s, int64_t n) {
-#if E3_ATTN_AVX2
+#if E3_VEC_AVX2
   const int64_t n8 = (n + 7) & ~int64_t(7);
   for (int64_t j = n; j < n8; ++j) s[j] = -std::numeric_limits<float>::infinity();
   __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -137,7 +112,7 @@ inline void softmax(float* s, int64_t n) {
   const __m256 mb = _mm256_set1_ps(m);
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < n8; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mb));
+    const __m256 e = e3::exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mb));
     _mm256_storeu_ps(s + j, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -156,7 +131,7 @@ inline void softmax(float* s, int64_t n) {
 template <typename T>
 inline void weighted_sum(const float* p, const T* const* v, int64_t n, int64_t Dv, float* out) {
   int64_t d = 0;
-#if E3_ATTN_AVX2
+#if E3_VEC_AVX2
   for (; d + 32 <= Dv; d += 32) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t t = 0; t < n; ++t) {
