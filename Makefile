@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -30,7 +30,7 @@ demo: setup $(SMOLLM2_HF)/config.json
 	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
 		$(SPEC_TREE) --prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
 
-# A trained EAGLE-3 draft for the bundled SmolLM2 target, in three stages, one thread, fixed seed
+# A trained EAGLE-3 draft for the bundled SmolLM2 target, in five stages, fixed seed
 # (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
 # (one core, ~92 tok/s measured on this loaded 2-core machine, ~150-230 uncontended), then 8
 # epochs of TTT training at lr 6e-4 (the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in
@@ -39,8 +39,10 @@ demo: setup $(SMOLLM2_HF)/config.json
 # the text the draft meets when served. Stage 3 continues from stage 2 on twice those answers
 # (the same cache, extended: held-out top-1 rose with every answer added). Stage 4 continues from
 # stage 3 on answers to the next 1,152 first turns (--first-conversation 1816: where stage 3's
-# cache stopped; 256k tokens, ~40 min), then 1,500 steps (~15 min), both with two threads: new
-# chats make each stage's data, so no stage regenerates an earlier one's.
+# cache stopped; 256k tokens, ~40 min), then 1,500 steps (~15 min), both with two threads. Stage 5
+# does the same from stage 4 on the next 1,536 first turns (--first-conversation 3182; 340k tokens,
+# ~50 min at ~115 tok/s with two threads), then 1,800 steps (~16 min). New chats make each stage's
+# data, so no stage regenerates an earlier one's.
 # Everything lives outside the clone, keyed by the arguments: the sharded caches, the training
 # states (checkpointed every 100 steps) and the drafts. Rerunning `make draft` after a kill or
 # a reboot continues where it stopped; a finished stage is reused, and its earlier stages are
@@ -51,6 +53,7 @@ DRAFT_ANSWER_ARGS ?= --source teacher --answers target --teacher-tokens 160000 -
 	--steps 2000 --lr 6e-4 --eval-every 500 --checkpoint-every 100 --seed 0 --threads 1
 DRAFT_MORE_ARGS ?= --teacher-tokens 336000 --steps 2000
 DRAFT_NEW_ARGS ?= --first-conversation 1816 --teacher-tokens 255000 --steps 1500 --threads 2
+DRAFT_STAGE5_ARGS ?= --first-conversation 3182 --teacher-tokens 340000 --steps 1800 --threads 2
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
 STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
 STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
@@ -58,11 +61,14 @@ STAGE2_KEY = $(shell echo '$(STAGE1_KEY) $(DRAFT_ANSWER_ARGS)' | sha256sum | cut
 STAGE2_DIR ?= $(DRAFT_HOME)/drafts/smollm2-answers-$(STAGE2_KEY)
 STAGE3_KEY = $(shell echo '$(STAGE2_KEY) $(DRAFT_MORE_ARGS)' | sha256sum | cut -c1-12)
 STAGE3_DIR ?= $(DRAFT_HOME)/drafts/smollm2-more-$(STAGE3_KEY)
-DRAFT_KEY = $(shell echo '$(STAGE3_KEY) $(DRAFT_NEW_ARGS)' | sha256sum | cut -c1-12)
-DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-new-$(DRAFT_KEY)
+STAGE4_KEY = $(shell echo '$(STAGE3_KEY) $(DRAFT_NEW_ARGS)' | sha256sum | cut -c1-12)
+STAGE4_DIR ?= $(DRAFT_HOME)/drafts/smollm2-new-$(STAGE4_KEY)
+DRAFT_KEY = $(shell echo '$(STAGE4_KEY) $(DRAFT_STAGE5_ARGS)' | sha256sum | cut -c1-12)
+DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage5-$(DRAFT_KEY)
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
 ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
 NEW_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from1816
+STAGE5_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from3182
 TRAIN := OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt
 
 draft-stage1: setup
@@ -86,12 +92,19 @@ draft-stage3: setup
 			--teacher-cache $(ANSWER_CACHE) --checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-more-$(STAGE3_KEY) \
 			--out $(STAGE3_DIR) --force; fi
 
-draft: setup
-	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage3
-	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+draft-stage4: setup
+	@[ -f $(STAGE4_DIR)/train_report.json ] || $(MAKE) draft-stage3
+	@if [ -f $(STAGE4_DIR)/train_report.json ]; then echo "draft stage 4: $(STAGE4_DIR) (cached)"; else \
 		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_NEW_ARGS) \
 			--init-from $(STAGE3_DIR) --teacher-cache $(NEW_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-new-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-new-$(STAGE4_KEY) --out $(STAGE4_DIR) --force; fi
+
+draft: setup
+	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage4
+	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE5_ARGS) \
+			--init-from $(STAGE4_DIR) --teacher-cache $(STAGE5_ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage5-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
 
 ship-draft: draft
 	mkdir -p $(SHIPPED_DRAFT)
