@@ -98,7 +98,6 @@ inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
 #endif
 }
 
-
 // s[0..n) (padded with room for a multiple of 8) -> softmax weights, in place
 inline void softmax(float* s, int64_t n) {
 #if E3_VEC_AVX2
