@@ -1,15 +1,18 @@
 """Where a served step's time goes on this CPU: py-spy samples of SGLang's scheduler.
 
 A target-only server and an EAGLE-3 server (the same target, fp32, one thread each) start
-together and answer the same greedy request in a loop, one at a time, while ``py-spy record
---nonblocking`` samples each scheduler process for ``--seconds``. The samples of the
+together and answer the same greedy request in a loop, one server at a time, while ``py-spy
+record --nonblocking`` samples its scheduler process for ``--seconds``. The samples of the
 scheduler's main thread are sorted into phases by the frames they hold (first match wins,
 ``PHASES``) and into the ops inside the forwards (``OPS``); with the measured tok/s and
-SGLang's acceptance length the shares turn into milliseconds a step. Writes NAME.json
-(machine, versions, git revision, commands, phases, ops) under --output-dir.
+SGLang's acceptance length the shares turn into milliseconds a step. ``--concurrency N``
+keeps N requests in flight; ``--stock`` also profiles the EAGLE-3 server with stock SGLang's
+capture (no eagle3 plugin), to find what the plugin costs. Writes NAME.json (machine,
+versions, git revision, commands, phases, ops) under --output-dir.
 
     pip install py-spy   # not a dependency of the package
     python benchmarks/profile_serve.py --draft DIR
+    python benchmarks/profile_serve.py --draft DIR --concurrency 4 --stock
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ def shares(raw: str) -> tuple[int, Counter, Counter]:
     return total, phase, op
 
 
-def profile(srv, ids: list[int], tokens: int, seconds: float, out: Path) -> dict:
-    """Requests in a loop while py-spy samples the scheduler; tok/s, acceptance, shares."""
-    srv.generate(ids, 8)                                                    # warm
+def profile(srv, ids: list[int], tokens: int, seconds: float, out: Path, concurrency: int = 1) -> dict:
+    """``concurrency`` clients send requests in a loop while py-spy samples the scheduler;
+    tok/s, acceptance, shares. A step makes ``accept_length`` tokens for each of the
+    ``concurrency`` requests in the batch."""
+    serve_demo.warm_batch_sizes(srv, ids, concurrency)
     pids = subprocess.run(["pgrep", "-g", str(srv.proc.pid)], capture_output=True,
                           text=True).stdout.split()
     sched = next(p for p in pids if "scheduler" in Path(f"/proc/{p}/cmdline").read_text())
@@ -71,19 +76,21 @@ def profile(srv, ids: list[int], tokens: int, seconds: float, out: Path) -> dict
             done.append({"seconds": time.perf_counter() - t0, "tokens": meta["completion_tokens"],
                          "accept_length": meta.get("spec_accept_length")})
 
-    th = threading.Thread(target=load, daemon=True)
-    th.start()
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
     time.sleep(2)
     subprocess.run(["py-spy", "record", "-p", sched, "-d", str(int(seconds)), "-r", "100",
                     "--nonblocking", "-f", "raw", "-o", str(out)], check=True,
                    capture_output=True)
     stop.set()
-    th.join()
+    for th in threads:
+        th.join()
     total, phase, op = shares(out.read_text())
-    tok_s = sum(d["tokens"] for d in done) / sum(d["seconds"] for d in done)
+    tok_s = concurrency * sum(d["tokens"] for d in done) / sum(d["seconds"] for d in done)
     acc = [d["accept_length"] for d in done if d["accept_length"] is not None]
     accept = sum(acc) / len(acc) if acc else 1.0
-    step_ms = 1000.0 * accept / tok_s                                       # one forward step
+    step_ms = 1000.0 * accept * concurrency / tok_s                         # one forward step
     return {"requests": len(done), "tok_s": round(tok_s, 3), "accept_length": round(accept, 3),
             "step_ms": round(step_ms, 2), "samples": total,
             "phases_ms": {k: round(step_ms * v / total, 2) for k, v in phase.most_common()},
@@ -99,24 +106,28 @@ def main() -> None:
     ap.add_argument("--num-steps", type=int, default=2)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--draft-tokens", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="clients sending requests at once (default 1)")
+    ap.add_argument("--stock", action="store_true",
+                    help="also profile the EAGLE-3 server with stock SGLang's capture "
+                         "(SGLANG_PLUGINS=eagle3_cpu, no eagle3 plugin): what the plugin costs")
     ap.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="profile-serve")
     ap.add_argument("--workdir", default=str(ROOT / "artifacts" / "profile_serve"))
     args = ap.parse_args()
     if shutil.which("py-spy") is None:
         raise SystemExit("py-spy is not on PATH; install it (pip install py-spy) and rerun.")
-    from eagle3_backend.verify.datasets import read_mtbench, render_prompt
     from eagle3_backend.verify.report import environment
 
     args.prompts = 1
     work, target, _, _, pypath = serve_demo.prepare(args)
-    from transformers import AutoTokenizer
-
-    ids = render_prompt(AutoTokenizer.from_pretrained(target), read_mtbench()[0])
+    ids = serve_demo.first_prompt_ids(target)
+    eagle = ServerSpec(str(target), str(Path(args.draft).resolve()), args.num_steps, args.topk,
+                       args.draft_tokens)
     specs = {"target-only": (ServerSpec(str(target)), {"OMP_NUM_THREADS": "1"}),
-             "eagle3": (ServerSpec(str(target), str(Path(args.draft).resolve()), args.num_steps,
-                                   args.topk, args.draft_tokens),
-                        {"OMP_NUM_THREADS": "1"})}
+             "eagle3": (eagle, {"OMP_NUM_THREADS": "1"})}
+    if args.stock:   # the CPU platform only: stock SGLang's own capture (as serve_demo.py --stock)
+        specs["stock"] = (eagle, {"OMP_NUM_THREADS": "1", "SGLANG_PLUGINS": "eagle3_cpu"})
     result = {}
     with contextlib.ExitStack() as stack:
         servers = serve_demo.start_servers(stack, specs, work, pypath)
@@ -124,14 +135,21 @@ def main() -> None:
             result[name] = {"server_command": ["python", "-m", "sglang.launch_server",
                                                *srv.spec.args(srv.port)],
                             **profile(srv, ids, args.new_tokens, args.seconds,
-                                      work / f"{name}.pyspy.txt")}
+                                      work / f"{name}.pyspy.txt", args.concurrency)}
             print(f"[{name}] {json.dumps(result[name]['phases_ms'])}", flush=True)
+        if args.stock and ("eagle3_backend: pre-load checks passed" in servers["stock"].log_text()
+                           or "eagle3_backend: pre-load checks passed" not in servers["eagle3"].log_text()):
+            raise SystemExit(f"the stock server ran the eagle3 plugin, or the plugin server did not: "
+                             f"see {work}/stock.log and {work}/eagle3.log")
     base, spec = result["target-only"], result["eagle3"]
     result["step_over_decode"] = round(spec["step_ms"] / base["step_ms"], 3)
+    if "stock" in result:
+        result["plugin_step_over_stock"] = round(spec["step_ms"] / result["stock"]["step_ms"], 3)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(
         {"result": result, "draft": args.draft, "new_tokens": args.new_tokens,
+         "concurrency": args.concurrency,
          "seconds": args.seconds, "environment": environment(),
          "command": ["python", *sys.argv]}, indent=1) + "\n")
     print(f"a speculative step costs {result['step_over_decode']}x a decode step "

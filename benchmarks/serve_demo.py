@@ -93,6 +93,32 @@ def start_servers(stack: contextlib.ExitStack, specs: dict[str, tuple[ServerSpec
     return out
 
 
+def warm_batch_sizes(srv: CpuServer, ids: list[int], concurrency: int) -> None:
+    """``concurrency`` greedy requests at once, of different lengths, so the server runs every
+    batch size from ``concurrency`` down to 1 before anything is timed. SGLang's EAGLE draft
+    step calls a torch.compile'd function (``select_top_k_tokens``) that compiles again the
+    first time a batch of more than one request reaches it: seconds, and in a timed run it
+    lands on whichever server sees that batch first (the next one finds inductor's on-disk
+    cache). SGLang's client warms with requests that all end together."""
+    import threading
+
+    threads = [threading.Thread(target=srv.generate, args=(ids, 8 * (j + 1)))
+               for j in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def first_prompt_ids(target: Path) -> list[int]:
+    """The first MT-Bench first turn through the target's chat template (warm-up requests)."""
+    from transformers import AutoTokenizer
+
+    from eagle3_backend.verify.datasets import read_mtbench, render_prompt
+
+    return render_prompt(AutoTokenizer.from_pretrained(target), read_mtbench()[0])
+
+
 def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path, dataset: Path,
             n: int) -> dict:
     """SGLang's client against every server at every level, --rounds times in rotation (the
@@ -111,6 +137,10 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
                          "levels": {str(c): {"rounds": []} for c in args.concurrency}}
                   for name, srv in servers.items()}
     lines = dataset.read_text().splitlines(keepends=True)
+    ids = first_prompt_ids(Path(next(iter(servers.values())).spec.target))
+    for srv in servers.values():
+        for c in args.concurrency:
+            warm_batch_sizes(srv, ids, c)
     for r in range(args.rounds):
         for c in args.concurrency:
             size = max(args.chunk, c)
