@@ -19,7 +19,10 @@ setup: .venv/.setup-done
 # this CPU against target-only: 8 MT-Bench first turns x 64 tokens, SGLang's own client, greedy,
 # as a tree of 2 steps x top-4, 6 tokens verified (the best of benchmarks/tree_sweep.py here).
 SHIPPED_DRAFT := drafts/smollm2-135m-eagle3
-SPEC_TREE := --num-steps 2 --topk 4 --draft-tokens 6
+SPEC_STEPS := 2
+SPEC_TOPK := 4
+SPEC_DRAFT_TOKENS := 6
+SPEC_TREE := --num-steps $(SPEC_STEPS) --topk $(SPEC_TOPK) --draft-tokens $(SPEC_DRAFT_TOKENS)
 SMOLLM2_HF := $(ARTIFACTS)/smollm2-135m-instruct
 $(SMOLLM2_HF)/config.json: | setup
 	$(PY) -c "from eagle3_backend.cpu.target_convert import convert_gguf_to_hf as c; c('$(SMOLLM2_HF)')"
@@ -127,7 +130,7 @@ serve-cpu: setup $(SMOLLM2_HF)/config.json
 	SGLANG_USE_CPU_ENGINE=1 $(PY) -m sglang.launch_server --model-path $(SMOLLM2_HF) --device cpu \
 		--dtype float32 --max-total-tokens 4096 --host 127.0.0.1 --port 30000 \
 		--speculative-algorithm EAGLE3 --speculative-draft-model-path $(SHIPPED_DRAFT) \
-		--speculative-num-steps 2 --speculative-eagle-topk 4 --speculative-num-draft-tokens 6
+		--speculative-num-steps $(SPEC_STEPS) --speculative-eagle-topk $(SPEC_TOPK) --speculative-num-draft-tokens $(SPEC_DRAFT_TOKENS)
 
 # The same draft through real SGLang: target-only, EAGLE-3 and EAGLE-3 with stock SGLang's capture,
 # measured in rotation with SGLang's own client (python -m sglang.benchmark.serving) on 16 MT-Bench
