@@ -95,18 +95,19 @@ draft-stage3: setup
 			--teacher-cache $(ANSWER_CACHE) --checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-more-$(STAGE3_KEY) \
 			--out $(STAGE3_DIR) --force; fi
 
-# A stage on new chats: $(call NEW_DATA_STAGE,target,earlier target,earlier dir,dir,args,cache,state)
-# trains from the earlier stage's weights with two threads on the answers in its own cache.
-define NEW_DATA_STAGE
-$(1): setup
-	@[ -f $(4)/train_report.json ] || $$(MAKE) $(2)
-	@if [ -f $(4)/train_report.json ]; then echo "$(1): $(4) (cached)"; else \
-		$$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$$(TRAIN)) $$(DRAFT_ANSWER_ARGS) $$(DRAFT_MORE_ARGS) $(5) \
-			--init-from $(3) --teacher-cache $(6) \
-			--checkpoint-dir $(7) --out $(4) --force; fi
-endef
-$(eval $(call NEW_DATA_STAGE,draft-stage4,draft-stage3,$(STAGE3_DIR),$(STAGE4_DIR),$(DRAFT_NEW_ARGS),$(NEW_ANSWER_CACHE),$(DRAFT_HOME)/train-state/smollm2-new-$(STAGE4_KEY)))
-$(eval $(call NEW_DATA_STAGE,draft,draft-stage4,$(STAGE4_DIR),$(DRAFT_DIR),$(DRAFT_STAGE5_ARGS),$(STAGE5_ANSWER_CACHE),$(DRAFT_HOME)/train-state/smollm2-stage5-$(DRAFT_KEY)))
+draft-stage4: setup
+	@[ -f $(STAGE4_DIR)/train_report.json ] || $(MAKE) draft-stage3
+	@if [ -f $(STAGE4_DIR)/train_report.json ]; then echo "draft stage 4: $(STAGE4_DIR) (cached)"; else \
+		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_NEW_ARGS) \
+			--init-from $(STAGE3_DIR) --teacher-cache $(NEW_ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-new-$(STAGE4_KEY) --out $(STAGE4_DIR) --force; fi
+
+draft: setup
+	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage4
+	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE5_ARGS) \
+			--init-from $(STAGE4_DIR) --teacher-cache $(STAGE5_ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage5-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
 
 ship-draft: draft
 	mkdir -p $(SHIPPED_DRAFT)
