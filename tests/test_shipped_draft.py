@@ -45,13 +45,13 @@ def _flags(words: list[str]) -> dict[str, str | bool]:
 
 
 def test_the_shipped_draft_was_trained_by_the_makefile_recipe():
-    """make draft's last stage runs DRAFT_ANSWER_ARGS, DRAFT_MORE_ARGS, then DRAFT_STAGE5_ARGS
-    (the later flag wins) from stage 4's weights: every one of those flags is in the report's
+    """make draft's last stage runs DRAFT_ANSWER_ARGS, DRAFT_MORE_ARGS, then DRAFT_STAGE6_ARGS
+    (the later flag wins) from stage 5's weights: every one of those flags is in the report's
     command with the same value, and it started from a draft (--init-from)."""
     got = _flags(shlex.split(json.loads((SHIPPED / "train_report.json").read_text())["command"]))
     want = _flags(_make_var("DRAFT_ANSWER_ARGS") + _make_var("DRAFT_MORE_ARGS")
-                  + _make_var("DRAFT_STAGE5_ARGS"))
-    assert "--first-conversation" in _make_var("DRAFT_STAGE5_ARGS")
+                  + _make_var("DRAFT_STAGE6_ARGS"))
+    assert "--first-conversation" in _make_var("DRAFT_STAGE6_ARGS")
     for word, value in want.items():
         have = got.get(word)
         assert have == value or (isinstance(value, str) and isinstance(have, str)
