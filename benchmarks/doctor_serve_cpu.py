@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from eagle3_backend.cli import main as eagle3  # noqa: E402
-from eagle3_backend.cpu.launch import CpuServer, ServerSpec, entry_point_site  # noqa: E402
+from eagle3_backend.cpu.launch import STOCK_CAPTURE_ENV, CpuServer, ServerSpec, entry_point_site  # noqa: E402
 from eagle3_backend.cpu.target_convert import convert_gguf_to_hf  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main() -> int:
     for scenario in args.scenarios:
         served, env = args.draft, {}
         if scenario == "stock":
-            env = {"SGLANG_PLUGINS": "eagle3_cpu"}   # the CPU platform only, no eagle3 plugin
+            env = dict(STOCK_CAPTURE_ENV)   # the CPU platform only, no eagle3 plugin
         else:
             served = work / "stale-draft"
             assert eagle3(["convert", str(args.draft), str(served), "--to", "sglang",
@@ -82,10 +82,10 @@ def main() -> int:
                        start_timeout=600.0) as srv:
             png = args.out_dir / f"doctor-serve-{scenario}.png"
             rc, report = _doctor(args, args.draft, target, srv.url, png)
-            text = srv.log_text()
+            plugin_active = srv.plugin_active()
         report["run"] = {
             "scenario": scenario, "served_draft": str(served), "server_env": env, "exit_code": rc,
-            "plugin_active": "eagle3_backend: pre-load checks passed" in text,
+            "plugin_active": plugin_active,
             "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{os.cpu_count()} CPUs",
             "versions": {"sglang": sglang.__version__, "torch": torch.__version__,

@@ -33,7 +33,7 @@ sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys
 
 import serve_demo  # noqa: E402
 
-from eagle3_backend.cpu.launch import ServerSpec  # noqa: E402
+from eagle3_backend.cpu.launch import STOCK_CAPTURE_ENV, ServerSpec  # noqa: E402
 
 MAIN = "Scheduler.run_event_loop"          # frames of the scheduler's main thread
 PHASES = (("verify forward", "run_eagle_verify"), ("draft steps", "EagleDraftWorker.draft "),
@@ -127,7 +127,7 @@ def main() -> None:
     specs = {"target-only": (ServerSpec(str(target)), {"OMP_NUM_THREADS": "1"}),
              "eagle3": (eagle, {"OMP_NUM_THREADS": "1"})}
     if args.stock:   # the CPU platform only: stock SGLang's own capture (as serve_demo.py --stock)
-        specs["stock"] = (eagle, {"OMP_NUM_THREADS": "1", "SGLANG_PLUGINS": "eagle3_cpu"})
+        specs["stock"] = (eagle, {"OMP_NUM_THREADS": "1", **STOCK_CAPTURE_ENV})
     result = {}
     with contextlib.ExitStack() as stack:
         servers = serve_demo.start_servers(stack, specs, work, pypath)
@@ -137,10 +137,9 @@ def main() -> None:
                             **profile(srv, ids, args.new_tokens, args.seconds,
                                       work / f"{name}.pyspy.txt", args.concurrency)}
             print(f"[{name}] {json.dumps(result[name]['phases_ms'])}", flush=True)
-        if args.stock and ("eagle3_backend: pre-load checks passed" in servers["stock"].log_text()
-                           or "eagle3_backend: pre-load checks passed" not in servers["eagle3"].log_text()):
-            raise SystemExit(f"the stock server ran the eagle3 plugin, or the plugin server did not: "
-                             f"see {work}/stock.log and {work}/eagle3.log")
+        if args.stock:
+            serve_demo.check_stock_split(servers["eagle3"].plugin_active(),
+                                         servers["stock"].plugin_active(), work)
     base, spec = result["target-only"], result["eagle3"]
     result["step_over_decode"] = round(spec["step_ms"] / base["step_ms"], 3)
     if "stock" in result:

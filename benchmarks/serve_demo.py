@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from eagle3_backend.cpu.launch import CpuServer, ServerSpec, entry_point_site  # noqa: E402
+from eagle3_backend.cpu.launch import STOCK_CAPTURE_ENV, CpuServer, ServerSpec, entry_point_site  # noqa: E402
 
 
 def write_dataset(path: Path, limit: int) -> int:
@@ -110,6 +110,13 @@ def warm_batch_sizes(srv: CpuServer, ids: list[int], concurrency: int) -> None:
         th.join()
 
 
+def check_stock_split(plugin_on: bool, stock_on: bool, work: Path) -> None:
+    """Stop unless the plugin ran in the eagle3 server and not in the stock one."""
+    if stock_on or not plugin_on:
+        raise SystemExit("the stock server ran the eagle3 plugin, or the plugin server did not: "
+                         f"see {work}/stock.log and {work}/eagle3.log")
+
+
 def first_prompt_ids(target: Path) -> list[int]:
     """The first MT-Bench first turn through the target's chat template (warm-up requests)."""
     from transformers import AutoTokenizer
@@ -133,7 +140,7 @@ def measure(servers: dict[str, CpuServer], args: argparse.Namespace, work: Path,
     runs: dict = {name: {"server_command": ["python", "-m", "sglang.launch_server",
                                             *srv.spec.args(srv.port)],
                          "server_env": dict(srv.env_extra),
-                         "plugin_active": "eagle3_backend: pre-load checks passed" in srv.log_text(),
+                         "plugin_active": srv.plugin_active(),
                          "levels": {str(c): {"rounds": []} for c in args.concurrency}}
                   for name, srv in servers.items()}
     lines = dataset.read_text().splitlines(keepends=True)
@@ -313,15 +320,14 @@ def main() -> None:
     eagle = ServerSpec(str(target), draft, args.num_steps, args.topk, args.draft_tokens)
     specs = {"target-only": (ServerSpec(str(target)), {}), "eagle3": (eagle, {})}
     if args.stock:   # the CPU platform only: stock SGLang's own capture, no eagle3 plugin
-        specs["stock"] = (eagle, {"SGLANG_PLUGINS": "eagle3_cpu"})
+        specs["stock"] = (eagle, dict(STOCK_CAPTURE_ENV))
     if args.sync_baseline:
         specs["target-only-sync"] = (ServerSpec(str(target),
                                                 extra_args=("--disable-overlap-schedule",)), {})
     with contextlib.ExitStack() as stack:
         runs = measure(start_servers(stack, specs, work, pypath), args, work, dataset, n)
-    if args.stock and (runs["stock"]["plugin_active"] or not runs["eagle3"]["plugin_active"]):
-        raise SystemExit("the stock server ran the eagle3 plugin, or the plugin server did not: "
-                         f"see {work}/stock.log and {work}/eagle3.log")
+    if args.stock:
+        check_stock_split(runs["eagle3"]["plugin_active"], runs["stock"]["plugin_active"], work)
     summary = {**summarize(runs, n), "new_tokens": args.new_tokens,
                "settings": {"num_steps": args.num_steps, "topk": args.topk,
                             "num_draft_tokens": args.draft_tokens}}

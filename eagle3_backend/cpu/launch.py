@@ -28,6 +28,11 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 READY_LINE = "The server is fired up and ready to roll!"
+#: What the eagle3 plugin's launcher logs once its pre-load checks passed (serving/runtime.py).
+PLUGIN_ACTIVE_LINE = "eagle3_backend: pre-load checks passed"
+#: The environment of a server with this package's CPU platform but stock SGLang's own
+#: capture: the eagle3 plugin left out of SGLang's plugin allow list.
+STOCK_CAPTURE_ENV = {"SGLANG_PLUGINS": "eagle3_cpu"}
 
 
 class ServerError(RuntimeError):
@@ -154,6 +159,10 @@ class CpuServer:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def plugin_active(self) -> bool:
+        """Whether the eagle3 plugin checked and configured this server (its log says so)."""
+        return PLUGIN_ACTIVE_LINE in self.log_text()
 
     def start(self) -> "CpuServer":
         self.port = self.port or free_port()
