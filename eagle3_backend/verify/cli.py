@@ -197,6 +197,9 @@ def _print_eval(r: dict[str, Any]) -> None:
           f"({r['completion_tokens']} tokens, {r['verify_steps']} steps)")
     print(f"acceptance by position {rates}")
     print(f"histogram (accepted)  {r['acceptance_histogram']}")
+    if r.get("acceptance_by_category"):
+        print("by category           " + ", ".join(
+            f"{name} {_fmt(c['acceptance_length'])}" for name, c in r["acceptance_by_category"].items()))
     print(f"tok/s speculative     {_fmt(r['tokens_per_s'])}")
     print(f"tok/s target only     {_fmt(r['baseline_tokens_per_s'])}")
     print(f"speedup               {_fmt(r['speedup'])}x")

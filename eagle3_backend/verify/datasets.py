@@ -82,10 +82,12 @@ class DatasetError(Eagle3Error, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One evaluation request: an id and chat messages ending with a user turn."""
+    """One evaluation request: an id, chat messages ending with a user turn, and the record's
+    category when it names one (MT-Bench's "coding", "writing", ...)."""
 
     id: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
+    category: str | None = None
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -154,7 +156,8 @@ def read_mtbench(path: str | Path | None = None, limit: int | None = None) -> li
             turns = row.get("turns")
             if not turns or not isinstance(turns[0], str):
                 raise DatasetError(f"{path}:{lineno}: expected a 'turns' list of strings, got {turns!r}.")
-            out.append(Prompt(f"mt-bench-{row.get('question_id', lineno)}", (("user", turns[0]),)))
+            out.append(Prompt(f"mt-bench-{row.get('question_id', lineno)}", (("user", turns[0]),),
+                              _category(row)))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -372,8 +375,20 @@ def _chat(turns: Any, key: str, tally: _Tally) -> tuple[tuple[str, str], ...]:
     return tuple(msgs)
 
 
+def _category(row: dict[str, Any]) -> str | None:
+    """A record's "category" (MT-Bench, Spec-Bench) when it is a non-empty string."""
+    value = row.get("category")
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
 def _row_prompt(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt:
     """One record of any supported shape as a Prompt (DatasetError: malformed; _Skip: no prompt)."""
+    prompt = _row_prompt_uncategorized(row, default_id, tally)
+    category = _category(row)
+    return Prompt(prompt.id, prompt.messages, category) if category else prompt
+
+
+def _row_prompt_uncategorized(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt:
     pid = next((str(row[k]) for k in _ID_KEYS if row.get(k) is not None), default_id)
     system = row.get("system")
     if system is not None and not isinstance(system, str):

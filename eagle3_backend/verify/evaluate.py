@@ -70,6 +70,7 @@ def evaluate(
             base_runs.append(base)
         row: dict[str, Any] = {
             "id": prompts[i].id,
+            **({"category": prompts[i].category} if prompts[i].category else {}),
             "prompt_tokens": len(ids),
             "completion_tokens": spec.completion_tokens,
             "verify_steps": spec.verify_steps,
@@ -99,5 +100,20 @@ def evaluate(
     result["settings"] = settings.to_dict()
     result["dtype"] = str(target.dtype).removeprefix("torch.")
     result["layout"] = str(draft.config.layout)
+    result["acceptance_by_category"] = by_category(per_prompt)
     result["per_prompt"] = per_prompt
     return result
+
+
+def by_category(per_prompt: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """Acceptance length (tokens / verify steps, pooled) and prompt count of each category, in
+    name order; None when no prompt names one."""
+    pooled: dict[str, list[int]] = {}
+    for row in per_prompt:
+        if row.get("category"):
+            tally = pooled.setdefault(row["category"], [0, 0, 0])
+            tally[0] += 1
+            tally[1] += row["completion_tokens"]
+            tally[2] += row["verify_steps"]
+    return {name: {"prompts": n, "acceptance_length": acceptance_length(tokens, steps)}
+            for name, (n, tokens, steps) in sorted(pooled.items())} or None

@@ -49,6 +49,7 @@ def test_eval_json_fp32_identical_and_files(capsys, tmp_path, tiny_target_dir, d
     assert code == 0
     assert EVAL_KEYS <= set(r)
     assert r["n_prompts"] == 2 and r["outputs_identical"] is True and r["agreement_rate"] == 1.0
+    assert r["acceptance_by_category"] is None  # no record names a category
     assert r["settings"] == {"speculative_num_steps": 2, "speculative_eagle_topk": 2,
                              "speculative_num_draft_tokens": 7}
     assert r["acceptance_length"] == pytest.approx(r["completion_tokens"] / r["verify_steps"])
@@ -61,6 +62,28 @@ def test_eval_json_fp32_identical_and_files(capsys, tmp_path, tiny_target_dir, d
     assert saved["settings"]["speculative_eagle_topk"] == 2
     assert (tmp_path / "res" / "ev-acceptance.png").is_file()
     assert (tmp_path / "res" / "ev-speedup.png").is_file()
+
+
+def test_eval_reports_acceptance_by_category(capsys, tmp_path, tiny_target_dir, demo_draft):
+    path = tmp_path / "cats.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "Write a poem.", "category": "writing"},
+        {"prompt": "Sort a list in Python.", "category": "coding"},
+        {"prompt": "Write a limerick.", "category": "writing"},
+        {"prompt": "No category here."}]), encoding="utf-8")
+    code, r = _eval(capsys, "--target", tiny_target_dir, "--draft", demo_draft, "--dataset", path,
+                    "--max-new-tokens", 6, "--no-baseline")
+    assert code == 0
+    rows = r["per_prompt"]
+    assert [row.get("category") for row in rows] == ["writing", "coding", "writing", None]
+    want = {name: {"prompts": len(ix), "acceptance_length": sum(rows[i]["completion_tokens"] for i in ix)
+                   / sum(rows[i]["verify_steps"] for i in ix)}
+            for name, ix in (("coding", [1]), ("writing", [0, 2]))}
+    assert r["acceptance_by_category"] == want
+    assert list(r["acceptance_by_category"]) == ["coding", "writing"]
+    assert main(["eval", "--target", str(tiny_target_dir), "--draft", str(demo_draft), "--dataset",
+                 str(path), "--max-new-tokens", "2", "--no-baseline", "--no-progress"]) == 0
+    assert "by category           coding " in capsys.readouterr().out
 
 
 def test_eval_bf16_reports_agreement(capsys, tiny_target_dir, demo_draft, prompts_file):

@@ -29,6 +29,23 @@ def test_mtbench_has_80_first_turns():
                                     "trip to Hawaii, highlighting cultural experiences and "
                                     "must-see attractions."),)
     assert [p.id for p in load_prompts("mt-bench", limit=3)] == ["mt-bench-81", "mt-bench-82", "mt-bench-83"]
+    by_category = {}
+    for p in prompts:
+        by_category[p.category] = by_category.get(p.category, 0) + 1
+    assert by_category == {name: 10 for name in ("writing", "roleplay", "reasoning", "math", "coding",
+                                                "extraction", "stem", "humanities")}
+    assert prompts[0].category == "writing" and prompts[-1].category == "humanities"
+
+
+def test_a_record_category_is_kept_when_it_is_a_name(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "prompt": "x", "category": " coding "},
+        {"id": "b", "prompt": "y", "category": 3},
+        {"id": "c", "turns": ["z"], "category": ""},
+    ]), encoding="utf-8")
+    assert [(p.id, p.category) for p in load_prompts(str(path))] == [("a", "coding"), ("b", None),
+                                                                       ("c", None)]
 
 
 def _conv(i, first_from="human", text=None):
@@ -191,7 +208,8 @@ SHAPES = {
 @pytest.mark.parametrize("name", SHAPES)
 def test_record_shapes(tmp_path, name):
     record, pid, messages = SHAPES[name]
-    assert load_prompts(str(_jsonl(tmp_path / "f.jsonl", record))) == [Prompt(pid, messages)]
+    want = Prompt(pid, messages, record.get("category"))  # only the MT-Bench record names one
+    assert load_prompts(str(_jsonl(tmp_path / "f.jsonl", record))) == [want]
 
 
 def test_file_formats(tmp_path):
