@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from eagle3_backend.errors import Eagle3Error
+from eagle3_backend.verify.metrics import acceptance_by_category
 
 logger = logging.getLogger(__name__)
 
@@ -375,11 +376,14 @@ def run_benchmark(
     baseline_url: str | None = None,
     warmup: int = 1,
     progress: bool = False,
+    categories: Sequence[str | None] | None = None,
 ) -> dict[str, Any]:
     """Every concurrency level against the speculative server (and the baseline).
 
     Returns a JSON-ready dict: ``levels`` (one entry per level with ``spec``,
-    ``baseline`` and ``speedup``), per-request ``requests`` and ``errors``.
+    ``baseline`` and ``speedup``), per-request ``requests`` and ``errors``. With
+    ``categories`` (one per prompt), each level's ``spec`` also holds
+    ``acceptance_by_category`` over the answers that carry speculative metrics.
     """
     if not prompts:
         raise Eagle3Error("no prompts to send; check --dataset / --limit.")
@@ -405,6 +409,10 @@ def run_benchmark(
             for role, server in servers.items():
                 level = await run_level(server, prompts, c, settings, progress, label=role)
                 entry[role] = level.summary(speculative=role == "spec")
+                if role == "spec" and categories is not None:
+                    entry[role]["acceptance_by_category"] = acceptance_by_category(
+                        (categories[r.index], r.completion_tokens, r.spec_verify_ct)
+                        for r in level.ok if r.spec_verify_ct)
                 out["requests"].setdefault(role, {})[str(c)] = [
                     {k: v for k, v in asdict(r).items() if k != "output_ids"} for r in level.requests]
                 out["errors"].extend({"server": role, "concurrency": c, "index": r.index,

@@ -188,6 +188,10 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _by_category(cats: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{name} {_fmt(c['acceptance_length'])}" for name, c in cats.items())
+
+
 def _print_eval(r: dict[str, Any]) -> None:
     rates = ", ".join(_fmt(x) for x in r["acceptance_rate_by_position"])
     print(f"prompts               {r['n_prompts']}  ({r['dataset']}, {r['max_new_tokens']} new tokens,"
@@ -198,8 +202,7 @@ def _print_eval(r: dict[str, Any]) -> None:
     print(f"acceptance by position {rates}")
     print(f"histogram (accepted)  {r['acceptance_histogram']}")
     if r.get("acceptance_by_category"):
-        print("by category           " + ", ".join(
-            f"{name} {_fmt(c['acceptance_length'])}" for name, c in r["acceptance_by_category"].items()))
+        print(f"by category           {_by_category(r['acceptance_by_category'])}")
     print(f"tok/s speculative     {_fmt(r['tokens_per_s'])}")
     print(f"tok/s target only     {_fmt(r['baseline_tokens_per_s'])}")
     print(f"speedup               {_fmt(r['speedup'])}x")
@@ -283,9 +286,11 @@ def run_bench(args: argparse.Namespace) -> int:
     check_reachable(args.url, "--url", min(10.0, args.timeout))
     if args.baseline_url:
         check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
+    categories = [p.category for p in prompts]
     prompts = _bench_prompts(args, prompts)
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
-                           warmup=args.warmup, progress=not args.no_progress)
+                           warmup=args.warmup, progress=not args.no_progress,
+                           categories=categories if any(categories) else None)
     result["dataset"] = args.dataset
     failed = _try_write(result, lambda: _write_bench_files(args, result, *files_at)
                         if files_at is not None else None)
@@ -384,6 +389,9 @@ def _print_bench(result: dict[str, Any], raw_text: bool = False) -> None:
               f"{_fmt(lv['speedup']):>7}")
     for line in no_spec_lines(result, raw_text):
         print(line)
+    for lv in result["levels"]:
+        if lv["spec"].get("acceptance_by_category"):
+            print(f"c={lv['concurrency']} accept by category: {_by_category(lv['spec']['acceptance_by_category'])}")
     for e in result["errors"][:20]:
         print(f"error: {e['server']} c={e['concurrency']} request {e['index']}: {e['error']}",
               file=sys.stderr)

@@ -17,7 +17,7 @@ from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.model import Eagle3DraftModel
 from eagle3_backend.verify.datasets import Prompt, render_prompt
 from eagle3_backend.verify.engine import SpeculativeEngine, generate_target_only
-from eagle3_backend.verify.metrics import acceptance_length, summarize
+from eagle3_backend.verify.metrics import acceptance_by_category, acceptance_length, summarize
 from eagle3_backend.verify.targets import Target
 from eagle3_backend.verify.tree import SpecSettings
 
@@ -100,20 +100,8 @@ def evaluate(
     result["settings"] = settings.to_dict()
     result["dtype"] = str(target.dtype).removeprefix("torch.")
     result["layout"] = str(draft.config.layout)
-    result["acceptance_by_category"] = by_category(per_prompt)
+    result["acceptance_by_category"] = acceptance_by_category(
+        (row.get("category"), row["completion_tokens"], row["verify_steps"]) for row in per_prompt)
     result["per_prompt"] = per_prompt
     return result
 
-
-def by_category(per_prompt: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
-    """Acceptance length (tokens / verify steps, pooled) and prompt count of each category, in
-    name order; None when no prompt names one."""
-    pooled: dict[str, list[int]] = {}
-    for row in per_prompt:
-        if row.get("category"):
-            tally = pooled.setdefault(row["category"], [0, 0, 0])
-            tally[0] += 1
-            tally[1] += row["completion_tokens"]
-            tally[2] += row["verify_steps"]
-    return {name: {"prompts": n, "acceptance_length": acceptance_length(tokens, steps)}
-            for name, (n, tokens, steps) in sorted(pooled.items())} or None

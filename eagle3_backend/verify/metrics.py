@@ -15,11 +15,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "SpecMetrics",
+    "acceptance_by_category",
     "acceptance_histogram",
     "acceptance_length",
     "acceptance_rate_by_position",
@@ -32,6 +33,21 @@ def acceptance_length(completion_tokens: int, verify_steps: int) -> float | None
     if verify_steps < 0 or completion_tokens < 0:
         raise ValueError(f"counts must be >= 0, got {completion_tokens} tokens, {verify_steps} steps")
     return completion_tokens / verify_steps if verify_steps else None
+
+
+def acceptance_by_category(rows: Iterable[tuple[str | None, int, int]]) -> dict[str, dict] | None:
+    """Acceptance length of each prompt category, pooled (its tokens / its verify steps), with
+    its prompt count, in name order, from (category or None, completion tokens, verify steps)
+    rows; None when no row names a category."""
+    pooled: dict[str, list[int]] = {}
+    for category, tokens, steps in rows:
+        if category:
+            tally = pooled.setdefault(category, [0, 0, 0])
+            tally[0] += 1
+            tally[1] += tokens
+            tally[2] += steps
+    return {name: {"prompts": n, "acceptance_length": acceptance_length(tokens, steps)}
+            for name, (n, tokens, steps) in sorted(pooled.items())} or None
 
 
 def acceptance_histogram(accepted_per_step: Sequence[int], num_positions: int) -> list[int]:

@@ -102,6 +102,20 @@ def test_benchmark_spec_vs_baseline(serve):
     assert len(out["requests"]["spec"]["2"]) == 4
 
 
+def test_benchmark_reports_acceptance_by_category_of_the_spec_server(serve):
+    spec, base = serve(delay=0.0), serve(spec=False, delay=0.0)
+    cats = ["coding", "writing", "coding", None]
+    out = run_benchmark(spec.url, PROMPTS[:4], [2], BenchSettings(), baseline_url=base.url,
+                        warmup=0, categories=cats)
+    counts = [tokens_for(p) for p in PROMPTS[:4]]
+    want = {name: {"prompts": len(ix), "acceptance_length": sum(counts[i][0] for i in ix)
+                   / sum(counts[i][1] for i in ix)} for name, ix in (("coding", [0, 2]), ("writing", [1]))}
+    assert out["levels"][0]["spec"]["acceptance_by_category"] == want
+    assert "acceptance_by_category" not in out["levels"][0]["baseline"]
+    plain = run_benchmark(spec.url, PROMPTS[:2], [1], BenchSettings(), warmup=0)
+    assert "acceptance_by_category" not in plain["levels"][0]["spec"]
+
+
 def test_benchmark_with_dead_baseline_reports_errors(serve):
     spec = serve()
     dead = f"http://127.0.0.1:{free_port()}"

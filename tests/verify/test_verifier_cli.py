@@ -122,6 +122,22 @@ def test_bench_cli_json_and_plots(capsys, tmp_path, serve, prompts_file):
     assert {b["text"] for _, b in spec.bodies} == {"Name three colours.", "Count to five."}
 
 
+def test_bench_cli_prints_acceptance_by_category(capsys, tmp_path, serve):
+    from sglang_peer import tokens_for
+
+    path = tmp_path / "cats.jsonl"
+    texts = ["Sort a list.", "Write a poem about rain.", "Reverse a string."]
+    path.write_text("\n".join(json.dumps({"prompt": t, "category": c}) for t, c in
+                              zip(texts, ["coding", "writing", "coding"])), encoding="utf-8")
+    spec = serve()
+    assert main(["bench", "--url", spec.url, "--dataset", str(path), "--concurrency", "1",
+                 "--warmup", "0", "--no-progress"]) == 0
+    counts = [tokens_for(t) for t in texts]
+    coding = (counts[0][0] + counts[2][0]) / (counts[0][1] + counts[2][1])
+    writing = counts[1][0] / counts[1][1]
+    assert f"c=1 accept by category: coding {coding:.2f}, writing {writing:.2f}" in capsys.readouterr().out
+
+
 def test_bench_cli_failures_exit_1_and_are_listed(capsys, tmp_path, serve, prompts_file):
     srv = serve(mode="500")
     code = main(["bench", "--url", srv.url, "--dataset", str(prompts_file), "--concurrency", "2",

@@ -5,11 +5,21 @@ from __future__ import annotations
 import pytest
 
 from eagle3_backend.verify.metrics import (
+    acceptance_by_category,
     acceptance_histogram,
     acceptance_length,
     acceptance_rate_by_position,
     summarize,
 )
+
+
+def test_acceptance_by_category_pools_tokens_over_steps_per_name():
+    rows = [("writing", 10, 5), ("coding", 9, 3), ("writing", 6, 3), (None, 100, 1), ("", 7, 7)]
+    assert acceptance_by_category(rows) == {"coding": {"prompts": 1, "acceptance_length": 3.0},
+                                            "writing": {"prompts": 2, "acceptance_length": 2.0}}
+    assert list(acceptance_by_category(rows)) == ["coding", "writing"]
+    assert acceptance_by_category([(None, 4, 2)]) is None
+    assert acceptance_by_category([("math", 1, 0)]) == {"math": {"prompts": 1, "acceptance_length": None}}
 
 
 def test_acceptance_length_is_tokens_over_verify_steps():
