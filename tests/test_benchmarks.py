@@ -55,10 +55,11 @@ def test_serve_demo_summary_per_level_with_the_stock_capture():
 def test_serve_demo_rounds_combine_as_tokens_over_seconds():
     sd = load_benchmark("serve_demo")
     reps = [{"total_output_tokens": 64, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5},
-            {"total_output_tokens": 64, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5},
-            {"total_output_tokens": 32, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.5}]
+            {"total_output_tokens": 64, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.7},
+            {"total_output_tokens": 32, "duration": 8.0, "generated_texts": ["a"], "accept_length": 1.75}]
+    # SGLang's acceptance is cumulative over the server's life: the last round's covers them all
     assert sd.combine(reps) == {"output_throughput": 160 / 24, "generated_texts": ["a"],
-                                "accept_length": 1.5, "rounds_identical": True}
+                                "accept_length": 1.75, "rounds_identical": True}
     reps[1]["generated_texts"] = ["b"]
     assert sd.combine(reps)["rounds_identical"] is False
 
