@@ -50,7 +50,7 @@ import json
 import logging
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -383,12 +383,11 @@ def _category(row: dict[str, Any]) -> str | None:
 
 def _row_prompt(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt:
     """One record of any supported shape as a Prompt (DatasetError: malformed; _Skip: no prompt)."""
-    prompt = _row_prompt_uncategorized(row, default_id, tally)
-    category = _category(row)
-    return Prompt(prompt.id, prompt.messages, category) if category else prompt
+    return replace(_row_messages(row, default_id, tally), category=_category(row))
 
 
-def _row_prompt_uncategorized(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt:
+def _row_messages(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt:
+    """The record's id and messages (no category yet)."""
     pid = next((str(row[k]) for k in _ID_KEYS if row.get(k) is not None), default_id)
     system = row.get("system")
     if system is not None and not isinstance(system, str):

@@ -104,4 +104,3 @@ def evaluate(
         (row.get("category"), row["completion_tokens"], row["verify_steps"]) for row in per_prompt)
     result["per_prompt"] = per_prompt
     return result
-
