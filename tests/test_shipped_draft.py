@@ -16,10 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "drafts" / "smollm2-135m-eagle3"
 
 
+def _makefile() -> str:
+    """The Makefile with its continuation lines joined."""
+    return (ROOT / "Makefile").read_text().replace("\\\n", " ")
+
+
 def _make_var(name: str) -> list[str]:
-    """A `NAME ?= ...` variable of the Makefile (continuation lines joined), as words."""
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    return shlex.split(re.search(rf"^{name} \?= (.*)$", text, re.M).group(1))
+    """A `NAME ?= ...` variable of the Makefile, as words."""
+    return shlex.split(re.search(rf"^{name} \?= (.*)$", _makefile(), re.M).group(1))
 
 
 def test_the_shipped_draft_loads_strictly_for_the_bundled_target(bundled_gguf, capsys):
@@ -46,8 +50,7 @@ def _flags(words: list[str]) -> dict[str, str | bool]:
 
 def _last_stage_args() -> str:
     """The name of the args variable the Makefile's `draft:` rule (the last stage) trains with."""
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    rule = re.search(r"^draft: .*?(?=^\S)", text, re.M | re.S).group(0)
+    rule = re.search(r"^draft: .*?(?=^\S)", _makefile(), re.M | re.S).group(0)
     return re.findall(r"\$\((DRAFT_STAGE\d+_ARGS)\)", rule)[-1]
 
 
