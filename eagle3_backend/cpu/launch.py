@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_backend.serving import PLUGIN_ACTIVE_LINE
-
 logger = logging.getLogger(__name__)
 
 READY_LINE = "The server is fired up and ready to roll!"
+#: What the eagle3 plugin's launcher logs once its pre-load checks passed (serving/runtime.py).
+PLUGIN_ACTIVE_LINE = "eagle3_backend: pre-load checks passed"
 #: The environment of a server with this package's CPU platform but stock SGLang's own
 #: capture: the eagle3 plugin left out of SGLang's plugin allow list.
 STOCK_CAPTURE_ENV = {"SGLANG_PLUGINS": "eagle3_cpu"}

@@ -26,11 +26,7 @@ import os
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLUGIN_ACTIVE_LINE", "plugin"]
-
-#: How the launcher's log line starts once the pre-load checks passed (``runtime``); launchers
-#: and tests read it to know the plugin configured a server.
-PLUGIN_ACTIVE_LINE = "eagle3_backend: pre-load checks passed"
+__all__ = ["plugin"]
 
 
 def plugin() -> None:

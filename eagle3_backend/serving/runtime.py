@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from eagle3_backend.errors import CheckpointError, Eagle3Error, ServingError
 from eagle3_backend.checkpoint import suite
-from eagle3_backend.serving import PLUGIN_ACTIVE_LINE, checks, collect, drafts, hooks
+from eagle3_backend.serving import checks, collect, drafts, hooks
 from eagle3_backend.serving.checks import launch_args, process_plan, target_of
 from eagle3_backend.plan import ServingPlan, arch_capture
 
@@ -50,8 +50,8 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
     if plan is None:
         return None
     os.environ[checks.PLAN_ENV] = plan.to_json()
-    logger.info("%s: draft %s on %s (%d layers, hidden %d); "
-                "layout %s (%s) -> fc input %d", PLUGIN_ACTIVE_LINE, plan.draft_path, plan.architecture,
+    logger.info("eagle3_backend: pre-load checks passed: draft %s on %s (%d layers, hidden %d); "
+                "layout %s (%s) -> fc input %d", plan.draft_path, plan.architecture,
                 plan.num_layers, plan.hidden_size, plan.layout, plan.layout_source,
                 plan.fc_in_features)
     drafts.decide_in_launcher()  # the live-draft admin: on, or off with one line
