@@ -96,6 +96,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--teacher-cache", default=None, metavar="DIR",
                    help="sharded teacher-forced data set, created, extended and reused; "
                         "refused when written for another target, layout or vocabulary")
+    g.add_argument("--add-teacher-cache", action="append", default=None, metavar="DIR",
+                   help="train also on this finished teacher cache (repeatable): every shard, "
+                        "read as it is; written for the same target, layout, vocabulary and "
+                        "answers as --teacher-cache, on other conversations (an earlier "
+                        "stage's --first-conversation cache)")
     g.add_argument("--max-seq-tokens", type=int, default=512, metavar="L",
                    help="teacher-forced conversations are cut to L tokens (default 512)")
     g.add_argument("--topk", type=int, default=8, metavar="K",
@@ -273,6 +278,13 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
     draft_ids, embed = cache.read_target()
     if not cache.shards:
         cache.meta["next_conversation"] = args.first_conversation
+    more = [tf.TeacherCache.finished(d, identity) for d in args.add_teacher_cache or []]
+    for c in more:                               # refused before the data pass, not after
+        if not torch.equal(c.read_target()[0], draft_ids):
+            raise Eagle3Error(f"--add-teacher-cache {c.dir}: its draft vocabulary is not "
+                              f"{cache.dir}'s; the top-k teachers of the two cannot be mixed. "
+                              "Leave it out, or build both from the same dataset and seed.")
+    _check_disjoint(cache, more)
     t1 = time.perf_counter()
     if args.answers == "target":
         complete = tf.fill_cache_answers(
@@ -293,9 +305,17 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
     if not seqs:
         raise Eagle3Error(f"teacher cache {cache.dir} holds no conversations yet; raise "
                           "--minutes so the data pass can write a shard.")
+    _check_disjoint(cache, more)                  # the data pass may have grown it
+    added = []
+    for c in more:
+        part = c.sequences()
+        seqs += part
+        added.append({"cache_dir": str(c.dir), "shards": len(c.shards), "tokens": c.tokens,
+                      "conversations": list(c.conversations), "conversations_used": len(part)})
     info = {"cache_dir": str(cache.dir), "answers": args.answers, "shards": len(cache.shards),
             "cache_tokens": cache.tokens, "tokens_used": sum(int(s.tokens.shape[0]) for s in seqs),
             "conversations_used": len(seqs), "conversations_available": len(convs),
+            **({"added_caches": added} if added else {}),
             **{f"dataset_{k}": v for k, v in counts.items()},
             "target_load_seconds": round(load_s, 2), "pass_seconds_this_run": round(pass_s, 2),
             "prefill_tokens_per_second": round(
@@ -303,6 +323,21 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
                 max(1e-9, sum(sh["seconds"] for sh in cache.shards)), 1)}
     del target
     return seqs, draft_ids, embed, info
+
+
+def _check_disjoint(cache: Any, more: list[Any]) -> None:
+    """Refuse --add-teacher-cache caches whose chats overlap each other's or ``cache``'s
+    (which, empty still, will hold at least its first chat)."""
+    for i, c in enumerate(more):
+        a, b = c.conversations
+        for other in [cache, *more[:i]]:
+            s, e = other.conversations
+            e = max(e, s + 1)
+            if c.dir.resolve() == other.dir.resolve() or (a < e and s < b):
+                held = f"{s}..{e - 1}" if other.shards else f"from {s}"
+                raise Eagle3Error(f"--add-teacher-cache {c.dir}: its conversations {a}..{b - 1} "
+                                  f"overlap {other.dir}'s ({held}); each chat would be "
+                                  "trained on twice. Add caches of other conversations.")
 
 
 def _draft_config(t: Any, layout: Any, draft_vocab: int, dtype: str,
@@ -373,7 +408,8 @@ def _command(args: argparse.Namespace) -> str:
         if name in ("func", "command", "debug", "verbose") or value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        parts += [flag] if value is True else [flag, str(value)]
+        for v in value if isinstance(value, list) else [value]:
+            parts += [flag] if v is True else [flag, str(v)]
     return shlex.join(parts)
 
 
@@ -447,7 +483,11 @@ def _run_train(args: argparse.Namespace) -> int:
     # before any work: the checkpoint could not be written there at the end (not empty
     # without --force, other files in it, the target or the data cache in it)
     check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,
-                                        args.checkpoint_dir, args.init_from])
+                                        args.checkpoint_dir, args.init_from,
+                                        *(args.add_teacher_cache or [])])
+    if args.add_teacher_cache and args.source == "generated":
+        raise Eagle3Error("--add-teacher-cache adds teacher-forced data; use it with --source "
+                          "teacher (or mix).")
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,

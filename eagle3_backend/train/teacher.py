@@ -262,7 +262,9 @@ class TeacherCache:
 
     META = "meta.json"
 
-    def __init__(self, directory: str | Path, identity: dict[str, Any]):
+    def __init__(self, directory: str | Path, identity: dict[str, Any],
+                 fix: str = "Use another --teacher-cache folder, or delete this one to "
+                            "rebuild it."):
         self.dir = Path(directory)
         self.identity = identity
         self.meta: dict[str, Any] = {"format_version": TEACHER_FORMAT_VERSION,
@@ -286,9 +288,37 @@ class TeacherCache:
                 lines = "; ".join(f"{k}: cache has {theirs.get(k)!r}, this run needs "
                                   f"{identity.get(k)!r}" for k in diff)
                 raise Eagle3Error(f"teacher cache {self.dir} was written for another setup "
-                                  f"({lines}). Use another --teacher-cache folder, or delete "
-                                  "this one to rebuild it.")
+                                  f"({lines}). {fix}")
             self.meta = meta
+
+    @classmethod
+    def finished(cls, directory: str | Path, identity: dict[str, Any]) -> "TeacherCache":
+        """An existing cache, read as it is (never extended), written for ``identity`` on
+        other conversations: every identity field but ``first_conversation`` must match."""
+        path = Path(directory) / cls.META
+        if not path.is_file():
+            raise Eagle3Error(f"{directory}: not a teacher cache (no {cls.META}). "
+                              "--add-teacher-cache takes a folder that an earlier run's "
+                              "--teacher-cache wrote.")
+        try:
+            first = json.loads(path.read_text(encoding="utf-8"))["identity"].get(
+                "first_conversation")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            first = None                          # the constructor names what is wrong
+        ident = {k: v for k, v in identity.items() if k != "first_conversation"}
+        if first:
+            ident["first_conversation"] = first
+        cache = cls(directory, ident, fix="Leave it out of --add-teacher-cache, or train "
+                                          "with the setup it was written for.")
+        if not cache.shards:
+            raise Eagle3Error(f"teacher cache {cache.dir} holds no conversations; leave it "
+                              "out of --add-teacher-cache.")
+        return cache
+
+    @property
+    def conversations(self) -> tuple[int, int]:
+        """[first, next) positions of this cache's chats in the seeded order."""
+        return int(self.identity.get("first_conversation") or 0), self.next_conversation
 
     # -- contents
     @property

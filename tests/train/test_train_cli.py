@@ -229,3 +229,69 @@ def test_a_later_stage_reads_other_chats_with_the_same_vocabulary_and_inits_from
     assert ("--first-conversation 8: " in (err := capsys.readouterr().err)
             and "has 8 usable conversations; start below that." in err)
     assert not (tmp_path / "none").exists()
+
+
+def test_a_stage_trains_on_added_caches_of_other_chats_and_refuses_overlaps(
+        tmp_path, tiny_target_dir, capsys):
+    """--add-teacher-cache DIR: a finished cache of other chats (an earlier stage's) is
+    trained on beside --teacher-cache, read as it is; one whose chats overlap, one written
+    for another setup and a folder that is no cache are refused before any training."""
+    from test_train_resume import _argv
+    from test_train_teacher import write_conversation_file
+
+    convs = tmp_path / "convs.jsonl"
+    write_conversation_file(convs, 8)
+
+    def run(cache, out, *extra):
+        argv = _argv(tiny_target_dir, convs, tmp_path / cache, tmp_path / out,
+                     tmp_path / f"ckpt-{out}", "--steps", "2", *extra)
+        return main(argv)
+
+    def meta(cache):
+        return json.loads((tmp_path / cache / "meta.json").read_text())
+
+    assert run("head", "one", "--teacher-tokens", "1") == 0        # one shard: the first chats
+    k = meta("head")["next_conversation"]
+    assert 1 <= k < 8
+    head_before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "head").iterdir())
+    assert run("tail", "two", "--first-conversation", str(k),
+               "--add-teacher-cache", str(tmp_path / "head")) == 0
+    report = json.loads((tmp_path / "two" / "train_report.json").read_text())
+    teacher = report["data"]["teacher"]
+    assert teacher["added_caches"] == [{
+        "cache_dir": str(tmp_path / "head"), "shards": 1, "tokens": meta("head")["shards"][0]["tokens"],
+        "conversations": [0, k], "conversations_used": k}]
+    assert teacher["conversations_used"] == 8                    # every chat, each once
+    assert teacher["tokens_used"] == sum(s["tokens"] for c in ("head", "tail")
+                                         for s in meta(c)["shards"])
+    assert f"--add-teacher-cache {tmp_path / 'head'}" in report["command"]
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "head").iterdir()) == head_before
+    assert meta("tail")["identity"]["first_conversation"] == k and "first_conversation" not in \
+        meta("head")["identity"]
+
+    capsys.readouterr()
+    assert run("all", "three") == 0                                 # chats 0..7
+    assert run("tail", "four", "--first-conversation", str(k),
+               "--add-teacher-cache", str(tmp_path / "all")) == 2
+    assert (f"--add-teacher-cache {tmp_path / 'all'}: its conversations 0..7 overlap "
+            f"{tmp_path / 'tail'}'s ({k}..7); each chat would be trained on twice."
+            ) in capsys.readouterr().err
+    assert run("fresh", "nine", "--first-conversation", "3",
+               "--add-teacher-cache", str(tmp_path / "all")) == 2      # before any data pass
+    assert (f"overlap {tmp_path / 'fresh'}'s (from 3)" in capsys.readouterr().err
+            and not (tmp_path / "fresh" / "meta.json").exists())
+    assert run("tail", "five", "--first-conversation", str(k), "--add-teacher-cache",
+               str(tmp_path / "head"), "--add-teacher-cache", str(tmp_path / "head")) == 2
+    assert f"its conversations 0..{k - 1} overlap {tmp_path / 'head'}'s" in capsys.readouterr().err
+    assert run("topk2", "six", "--teacher-tokens", "1", "--topk", "2") == 0
+    capsys.readouterr()
+    assert run("tail", "seven", "--first-conversation", str(k), "--topk", "8",
+               "--add-teacher-cache", str(tmp_path / "topk2")) == 2
+    assert (f"teacher cache {tmp_path / 'topk2'} was written for another setup (topk: cache has "
+            "2, this run needs 8). Leave it out of --add-teacher-cache") in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert run("tail", "eight", "--first-conversation", str(k),
+               "--add-teacher-cache", str(tmp_path / "empty")) == 2
+    assert (f"{tmp_path / 'empty'}: not a teacher cache (no meta.json)."
+            ) in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in ("four", "five", "seven", "eight", "nine"))
