@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 draft-stage7 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -33,7 +33,7 @@ demo: setup $(SMOLLM2_HF)/config.json
 	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
 		$(SPEC_TREE) --prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
 
-# A trained EAGLE-3 draft for the bundled SmolLM2 target, in seven stages, fixed seed
+# A trained EAGLE-3 draft for the bundled SmolLM2 target, in eight stages, fixed seed
 # (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
 # (one core, ~92 tok/s measured on this loaded 2-core machine, ~150-230 uncontended), then 8
 # epochs of TTT training at lr 6e-4 (the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in
@@ -47,8 +47,10 @@ demo: setup $(SMOLLM2_HF)/config.json
 # ~50 min at ~115 tok/s with two threads), then 1,800 steps (~16 min). Stage 6 does the same from
 # stage 5 on the next 1,536 (--first-conversation 4993) with one thread (~77 min at ~75 tok/s and
 # ~33 min, beside serving benchmarks); stage 7 from stage 6 on the next 1,536 (--first-conversation
-# 6805) with two threads. New chats make each stage's data, so no stage regenerates an
-# earlier one's.
+# 6805) with two threads. Stage 8 answers the next 1,664 (--first-conversation 8634; ~47 min), then
+# trains 3,600 steps (~38 min) from stage 7 on those and stages 5-7's caches together
+# (--add-teacher-cache: 6,272 chats, 977k answer tokens). New chats make each stage's data, so no
+# stage regenerates an earlier one's; stage 8 reads stages 5-7's caches, so they must still exist.
 # Everything lives outside the clone, keyed by the arguments: the sharded caches, the training
 # states (checkpointed every 100 steps) and the drafts. Rerunning `make draft` after a kill or
 # a reboot continues where it stopped; a finished stage is reused, and its earlier stages are
@@ -62,6 +64,7 @@ DRAFT_NEW_ARGS ?= --first-conversation 1816 --teacher-tokens 255000 --steps 1500
 DRAFT_STAGE5_ARGS ?= --first-conversation 3182 --teacher-tokens 340000 --steps 1800 --threads 2
 DRAFT_STAGE6_ARGS ?= --first-conversation 4993 --teacher-tokens 340000 --steps 1800 --threads 1
 DRAFT_STAGE7_ARGS ?= --first-conversation 6805 --teacher-tokens 340000 --steps 1800 --threads 2
+DRAFT_STAGE8_ARGS ?= --first-conversation 8634 --teacher-tokens 340000 --steps 3600 --threads 2
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
 STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
 STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
@@ -75,14 +78,17 @@ STAGE5_KEY = $(shell echo '$(STAGE4_KEY) $(DRAFT_STAGE5_ARGS)' | sha256sum | cut
 STAGE5_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage5-$(STAGE5_KEY)
 STAGE6_KEY = $(shell echo '$(STAGE5_KEY) $(DRAFT_STAGE6_ARGS)' | sha256sum | cut -c1-12)
 STAGE6_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage6-$(STAGE6_KEY)
-DRAFT_KEY = $(shell echo '$(STAGE6_KEY) $(DRAFT_STAGE7_ARGS)' | sha256sum | cut -c1-12)
-DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage7-$(DRAFT_KEY)
+STAGE7_KEY = $(shell echo '$(STAGE6_KEY) $(DRAFT_STAGE7_ARGS)' | sha256sum | cut -c1-12)
+STAGE7_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage7-$(STAGE7_KEY)
+DRAFT_KEY = $(shell echo '$(STAGE7_KEY) $(DRAFT_STAGE8_ARGS)' | sha256sum | cut -c1-12)
+DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage8-$(DRAFT_KEY)
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
 ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
 NEW_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from1816
 STAGE5_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from3182
 STAGE6_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from4993
 STAGE7_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from6805
+STAGE8_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from8634
 TRAIN := OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt
 
 draft-stage1: setup
@@ -127,12 +133,21 @@ draft-stage6: setup
 			--init-from $(STAGE5_DIR) --teacher-cache $(STAGE6_ANSWER_CACHE) \
 			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage6-$(STAGE6_KEY) --out $(STAGE6_DIR) --force; fi
 
-draft: setup
-	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage6
-	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+draft-stage7: setup
+	@[ -f $(STAGE7_DIR)/train_report.json ] || $(MAKE) draft-stage6
+	@if [ -f $(STAGE7_DIR)/train_report.json ]; then echo "draft stage 7: $(STAGE7_DIR) (cached)"; else \
 		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE7_ARGS) \
 			--init-from $(STAGE6_DIR) --teacher-cache $(STAGE7_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage7-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage7-$(STAGE7_KEY) --out $(STAGE7_DIR) --force; fi
+
+# Stage 8 trains on its new chats and on stages 5-7's caches together (--add-teacher-cache).
+draft: setup
+	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage7
+	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE8_ARGS) \
+			--add-teacher-cache $(STAGE5_ANSWER_CACHE) --add-teacher-cache $(STAGE6_ANSWER_CACHE) \
+			--add-teacher-cache $(STAGE7_ANSWER_CACHE) --init-from $(STAGE7_DIR) --teacher-cache $(STAGE8_ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage8-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
 
 ship-draft: draft
 	mkdir -p $(SHIPPED_DRAFT)

@@ -48,10 +48,14 @@ def _flags(words: list[str]) -> dict[str, str | bool]:
     return got
 
 
+def _draft_rule() -> str:
+    """The Makefile's `draft:` rule (the last stage), continuation lines joined."""
+    return re.search(r"^draft: .*?(?=^\S)", _makefile(), re.M | re.S).group(0)
+
+
 def _last_stage_args() -> str:
-    """The name of the args variable the Makefile's `draft:` rule (the last stage) trains with."""
-    rule = re.search(r"^draft: .*?(?=^\S)", _makefile(), re.M | re.S).group(0)
-    return re.findall(r"\$\((DRAFT_STAGE\d+_ARGS)\)", rule)[-1]
+    """The name of the args variable the Makefile's `draft:` rule trains with."""
+    return re.findall(r"\$\((DRAFT_STAGE\d+_ARGS)\)", _draft_rule())[-1]
 
 
 def test_the_shipped_draft_was_trained_by_the_makefile_recipe():
@@ -67,3 +71,11 @@ def test_the_shipped_draft_was_trained_by_the_makefile_recipe():
         assert have == value or (isinstance(value, str) and isinstance(have, str)
                                  and float(have) == float(value)), (word, have, value)
     assert "--init-from" in got
+    # every earlier stage's cache the rule adds was trained on, each over chats of its own
+    rule = _draft_rule()
+    added = json.loads((SHIPPED / "train_report.json").read_text())["data"]["teacher"].get(
+        "added_caches", [])
+    assert len(added) == rule.count("--add-teacher-cache")
+    spans = sorted(tuple(a["conversations"]) for a in added)
+    assert all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
+    assert all(b <= int(stage[stage.index("--first-conversation") + 1]) for _, b in spans)
