@@ -468,6 +468,9 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.answers == "target" and args.source == "generated":
         raise Eagle3Error("--answers target chooses the assistant turns of the teacher-forced "
                           "data; use it with --source teacher (or mix).")
+    if args.add_teacher_cache and args.source == "generated":
+        raise Eagle3Error("--add-teacher-cache adds teacher-forced data; use it with --source "
+                          "teacher (or mix).")
     if args.minutes is not None and not args.minutes > 0:
         raise Eagle3Error(f"--minutes must be > 0, got {args.minutes}.")
     torch.set_num_threads(args.threads)
@@ -485,9 +488,6 @@ def _run_train(args: argparse.Namespace) -> int:
     check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,
                                         args.checkpoint_dir, args.init_from,
                                         *(args.add_teacher_cache or [])])
-    if args.add_teacher_cache and args.source == "generated":
-        raise Eagle3Error("--add-teacher-cache adds teacher-forced data; use it with --source "
-                          "teacher (or mix).")
     target_info = TargetInfo.from_path(target_path)
     layout = (Layout.parse(args.layout) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,

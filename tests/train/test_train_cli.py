@@ -294,4 +294,11 @@ def test_a_stage_trains_on_added_caches_of_other_chats_and_refuses_overlaps(
                "--add-teacher-cache", str(tmp_path / "empty")) == 2
     assert (f"{tmp_path / 'empty'}: not a teacher cache (no meta.json)."
             ) in capsys.readouterr().err
-    assert not any((tmp_path / d).exists() for d in ("four", "five", "seven", "eight", "nine"))
+    generated = _argv(tiny_target_dir, convs, tmp_path / "tail", tmp_path / "ten",
+                      tmp_path / "ckpt-ten", "--add-teacher-cache", str(tmp_path / "head"))
+    generated[generated.index("--source") + 1] = "generated"
+    assert main(generated) == 2
+    assert ("--add-teacher-cache adds teacher-forced data; use it with --source teacher (or "
+            "mix).") in capsys.readouterr().err
+    assert not any((tmp_path / d).exists()
+                   for d in ("four", "five", "seven", "eight", "nine", "ten"))
