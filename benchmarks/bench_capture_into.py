@@ -45,6 +45,7 @@ from eagle3_backend.ops import _ext, capture_into  # noqa: E402
 
 DEFAULT_N = (1, 4, 16, 64, 256, 1024, 4096, 8192)
 PROVIDERS = ("torch", "sglang_pack", "triton", "cuda")
+MODES = ("eager", "graph")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -84,40 +85,73 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, rep: int) -> float:
-    """Median milliseconds per call over ``rep`` timed batches of calls."""
+def graphed(fn: Callable[[], object], device: torch.device, calls: int) -> tuple[Callable[[], object], object]:
+    """``calls`` calls of ``fn`` captured once into a CUDA graph: (replay, what the last call
+    returned, which the replays rewrite). Warmed on a side stream first, as torch asks."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    result = None
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            result = fn()
+    return graph.replay, result
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, rep: int,
+            mode: str = "eager") -> tuple[float, object]:
+    """(median milliseconds per call over ``rep`` timed batches of calls, the last result).
+
+    mode "eager": the calls are launched from Python one after another, so at launch-bound
+    sizes the time is the host's. mode "graph" (CUDA only): the same batch of calls is
+    captured into a CUDA graph and replayed, as SGLang runs its decode steps: device time
+    alone, with the launches already made."""
+    if mode not in MODES or (mode == "graph" and device.type != "cuda"):
+        raise ValueError(f"mode {mode!r} on {device.type}: expected one of {MODES}, graph on CUDA only")
     for _ in range(warmup):
         fn()
     _sync(device)
     # Calls per batch: enough that a batch lasts ~2 ms on GPU (launch-bound sizes).
     start = time.perf_counter()
-    fn()
+    result = fn()
     _sync(device)
     single = max(time.perf_counter() - start, 1e-6)
     inner = 1 if device.type != "cuda" else max(1, min(200, int(2e-3 / single)))
+    batch: Callable[[], object]
+    if mode == "graph":
+        batch, result = graphed(fn, device, inner)
+        for _ in range(warmup):
+            batch()
+    else:
+        def batch() -> object:
+            for _ in range(inner):
+                out = fn()
+            return out
     samples = []
     for _ in range(rep):
         if device.type == "cuda":
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            for _ in range(inner):
-                fn()
+            batch()
             end.record()
             end.synchronize()
             samples.append(begin.elapsed_time(end) / inner)
         else:
             t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
+            batch()
             samples.append((time.perf_counter() - t0) * 1e3 / inner)
-    return statistics.median(samples)
+    _sync(device)
+    return statistics.median(samples), result
 
 
 def copy_bandwidth_gbs(device: torch.device, nbytes: int, warmup: int, rep: int) -> float:
     """Device-to-device copy: bytes read + bytes written per second."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), device, warmup, rep)
+    ms, _ = time_ms(lambda: dst.copy_(src), device, warmup, rep)
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -172,6 +206,20 @@ def available_providers(requested: list[str], device: torch.device, jit: bool) -
 # ---- main ----------------------------------------------------------------------------------
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (NaNs and signed zeros included)."""
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.view(ints[a.element_size()]), b.view(ints[b.element_size()]))
+
+
+def modes_for(device: torch.device, requested: list[str]) -> list[str]:
+    """The timing modes that run on ``device`` (CUDA graphs need CUDA), in MODES order."""
+    if device.type != "cuda" and "graph" in requested:
+        print("skipping graph mode: CUDA graphs need a CUDA device", file=sys.stderr)
+    return [m for m in MODES if m in requested and (m == "eager" or device.type == "cuda")]
+
+
 def run(args: argparse.Namespace) -> list[dict[str, object]]:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -184,41 +232,45 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
 
     generator = torch.Generator().manual_seed(0)
     rows_out = []
-    for n in args.n:
-        def states() -> list[torch.Tensor]:
-            return [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device) for _ in range(args.k)]
+    for mode in modes_for(device, args.modes):
+        for n in args.n:
+            def states() -> list[torch.Tensor]:
+                return [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device)
+                        for _ in range(args.k)]
 
-        hiddens, residuals = states(), states()
-        useful_bytes = 3 * n * args.k * args.hidden * hiddens[0].element_size()
-        out = torch.empty(n, args.k * args.hidden, dtype=dtype, device=device)
-        packer = PackEachCapture(n, args.hidden, args.k, dtype, device)
-        calls: dict[str, Callable[[], object]] = {
-            "torch": lambda: torch_sum_cat(hiddens, residuals),
-            "sglang_pack": lambda: packer(hiddens, residuals),
-            "triton": lambda: capture_all(out, hiddens, residuals, "triton"),
-            "cuda": lambda: capture_all(out, hiddens, residuals, "cuda"),
-        }
-        expected = torch_sum_cat(hiddens, residuals)
-        base_ms = None
-        for name in providers:
-            result = calls[name]()
-            if not torch.equal(result.view(torch.int16 if result.element_size() == 2 else torch.int32),
-                               expected.view(torch.int16 if expected.element_size() == 2 else torch.int32)):
-                raise SystemExit(f"{name} differs from torch at N={n}: refusing to time a wrong kernel")
-            ms = time_ms(calls[name], device, args.warmup, args.rep)
-            base_ms = ms if name == "torch" else base_ms
-            gbs = useful_bytes / (ms * 1e-3) / 1e9
-            row = {
-                "provider": name, "N": n, "K": args.k, "H": args.hidden, "dtype": args.dtype,
-                "time_us": round(ms * 1e3, 3), "GBps": round(gbs, 2),
-                "frac_of_copy": round(gbs / copy_gbs, 4),
-                "speedup_vs_torch": round(base_ms / ms, 3) if base_ms else "",
-                "copy_GBps": round(copy_gbs, 2),
+            hiddens, residuals = states(), states()
+            useful_bytes = 3 * n * args.k * args.hidden * hiddens[0].element_size()
+            out = torch.empty(n, args.k * args.hidden, dtype=dtype, device=device)
+            packer = PackEachCapture(n, args.hidden, args.k, dtype, device)
+            calls: dict[str, Callable[[], object]] = {
+                "torch": lambda: torch_sum_cat(hiddens, residuals),
+                "sglang_pack": lambda: packer(hiddens, residuals),
+                "triton": lambda: capture_all(out, hiddens, residuals, "triton"),
+                "cuda": lambda: capture_all(out, hiddens, residuals, "cuda"),
             }
-            rows_out.append(row)
-            speedup = f"x{base_ms / ms:.2f} vs torch" if base_ms else ""
-            print(f"N={n:>5} {name:<12} {row['time_us']:>10.2f} us {gbs:>9.1f} GB/s "
-                  f"{100 * gbs / copy_gbs:>6.1f}% of copy  {speedup}")
+            expected = torch_sum_cat(hiddens, residuals)
+            base_ms = None
+            for name in providers:
+                if not same_bits(calls[name](), expected):
+                    raise SystemExit(f"{name} differs from torch at N={n}: refusing to time a wrong kernel")
+                out.zero_()
+                packer.buffer.zero_()
+                ms, result = time_ms(calls[name], device, args.warmup, args.rep, mode)
+                if not same_bits(result, expected):       # what the timed calls (or replays) wrote
+                    raise SystemExit(f"{name} differs from torch at N={n} in {mode} mode")
+                base_ms = ms if name == "torch" else base_ms
+                gbs = useful_bytes / (ms * 1e-3) / 1e9
+                row = {
+                    "mode": mode, "provider": name, "N": n, "K": args.k, "H": args.hidden,
+                    "dtype": args.dtype, "time_us": round(ms * 1e3, 3), "GBps": round(gbs, 2),
+                    "frac_of_copy": round(gbs / copy_gbs, 4),
+                    "speedup_vs_torch": round(base_ms / ms, 3) if base_ms else "",
+                    "copy_GBps": round(copy_gbs, 2),
+                }
+                rows_out.append(row)
+                speedup = f"x{base_ms / ms:.2f} vs torch" if base_ms else ""
+                print(f"{mode:<5} N={n:>5} {name:<12} {row['time_us']:>10.2f} us {gbs:>9.1f} GB/s "
+                      f"{100 * gbs / copy_gbs:>6.1f}% of copy  {speedup}")
     write_results(rows_out, env, copy_gbs, Path(args.out_dir), args.tag, plot=not args.no_plot)
     return rows_out
 
@@ -250,19 +302,23 @@ def write_results(rows: list[dict[str, object]], env: dict[str, str], copy_gbs: 
         except ImportError:
             print("matplotlib not installed: no plot", file=sys.stderr)
             return csv_path
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name in dict.fromkeys(r["provider"] for r in rows):
-            pts = [(r["N"], r["GBps"]) for r in rows if r["provider"] == name]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.axhline(copy_gbs, color="gray", linestyle="--", label=f"d2d copy {copy_gbs:.0f} GB/s")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("N (rows captured)")
-        ax.set_ylabel("GB/s (read + write)")
+        modes = list(dict.fromkeys(r.get("mode", "eager") for r in rows)) or ["eager"]
+        fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 4.5), sharey=True, squeeze=False)
         first = rows[0] if rows else {}
-        ax.set_title(f"capture_into K={first.get('K')} H={first.get('H')} {first.get('dtype')}\n"
-                     f"{env['device']} | torch {env['torch']} | triton {env['triton']}", fontsize=9)
-        ax.legend(fontsize=8)
-        ax.grid(True, alpha=0.3)
+        for ax, mode in zip(axes[0], modes):
+            mine = [r for r in rows if r.get("mode", "eager") == mode]
+            for name in dict.fromkeys(r["provider"] for r in mine):
+                pts = [(r["N"], r["GBps"]) for r in mine if r["provider"] == name]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+            ax.axhline(copy_gbs, color="gray", linestyle="--", label=f"d2d copy {copy_gbs:.0f} GB/s")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (rows captured)")
+            ax.set_ylabel("GB/s (read + write)")
+            how = "replayed from a CUDA graph" if mode == "graph" else "launched from Python"
+            ax.set_title(f"capture_into K={first.get('K')} H={first.get('H')} {first.get('dtype')}, {how}\n"
+                         f"{env['device']} | torch {env['torch']} | triton {env['triton']}", fontsize=9)
+            ax.legend(fontsize=8)
+            ax.grid(True, alpha=0.3)
         fig.tight_layout()
         png = csv_path.with_suffix(".png")
         fig.savefig(png, dpi=120)
@@ -287,6 +343,8 @@ def parse_common(parser: argparse.ArgumentParser, providers: tuple[str, ...],
                  argv: list[str] | None) -> argparse.Namespace:
     """The options every ops benchmark takes, then parse; ``args.argv`` is the command line."""
     parser.add_argument("--providers", nargs="+", choices=providers, default=list(providers))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="eager: launched from Python; graph: replayed from a CUDA graph (CUDA only)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rep", type=int, default=30)
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))

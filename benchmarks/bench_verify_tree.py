@@ -25,11 +25,19 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:  # run from a checkout without installing
         sys.path.insert(0, str(p))
 
-from bench_capture_into import available_providers, environment, parse_common, time_ms, write_csv  # noqa: E402
+from bench_capture_into import (  # noqa: E402
+    available_providers,
+    environment,
+    modes_for,
+    parse_common,
+    time_ms,
+    write_csv,
+)
 
 from eagle3_backend.ops import allocate_verify_outputs, verify_tree_greedy  # noqa: E402
 
 PROVIDERS = ("torch", "triton", "cuda")
+GRAPH_SAFE = ("triton", "cuda")  # the torch reference walks the tree on the host (.tolist())
 
 
 def random_trees(batch: int, num_draft: int, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -62,19 +70,30 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     env = environment(device, args.argv, "bench_verify_tree.py")
     generator = torch.Generator().manual_seed(0)
     rows = []
-    for batch in args.b:
-        tree = {k: v.to(device) for k, v in random_trees(batch, args.d, args.vocab, generator).items()}
-        outs = {}
-        for name in providers:
-            out = allocate_verify_outputs(batch, args.d, args.depth + 1, device)
-            verify_tree_greedy(*out, **tree, backend=name)
-            outs[name] = [t.cpu() for t in out]
-            if name != "torch" and not all(torch.equal(a, b) for a, b in zip(outs[name], outs["torch"])):
-                raise SystemExit(f"{name} differs from torch at B={batch}: refusing to time a wrong kernel")
-            ms = time_ms(lambda: verify_tree_greedy(*out, **tree, backend=name), device, args.warmup, args.rep)
-            rows.append({"provider": name, "B": batch, "D": args.d, "S": args.depth + 1,
-                         "time_us": round(ms * 1e3, 3)})
-            print(f"B={batch:>5} D={args.d} {name:<8} {ms * 1e3:>10.2f} us")
+    for mode in modes_for(device, args.modes):
+        for batch in args.b:
+            tree = {k: v.to(device) for k, v in random_trees(batch, args.d, args.vocab, generator).items()}
+            reference = allocate_verify_outputs(batch, args.d, args.depth + 1, device)
+            verify_tree_greedy(*reference, **tree, backend="torch")
+            expected = [t.cpu() for t in reference]
+            for name in providers:
+                if mode == "graph" and name not in GRAPH_SAFE:
+                    print(f"{mode} B={batch:>5} {name}: not timed (reads the tree on the host)")
+                    continue
+                out = allocate_verify_outputs(batch, args.d, args.depth + 1, device)
+
+                def call() -> list[torch.Tensor]:
+                    verify_tree_greedy(*out, **tree, backend=name)
+                    return list(out)
+
+                if not all(torch.equal(a.cpu(), b) for a, b in zip(call(), expected)):
+                    raise SystemExit(f"{name} differs from torch at B={batch}: refusing to time a wrong kernel")
+                ms, result = time_ms(call, device, args.warmup, args.rep, mode)
+                if not all(torch.equal(a.cpu(), b) for a, b in zip(result, expected)):
+                    raise SystemExit(f"{name} differs from torch at B={batch} in {mode} mode")
+                rows.append({"mode": mode, "provider": name, "B": batch, "D": args.d, "S": args.depth + 1,
+                             "time_us": round(ms * 1e3, 3)})
+                print(f"{mode:<5} B={batch:>5} D={args.d} {name:<8} {ms * 1e3:>10.2f} us")
     write_csv(rows, env, Path(args.out_dir), "verify_tree", args.tag)
     return rows
 

@@ -47,3 +47,24 @@ def test_bench_baselines_agree_and_wrong_kernel_is_refused(bench, tmp_path, monk
                              "--providers", "torch", "triton"])
     with pytest.raises(SystemExit, match="triton differs from torch at N=4"):
         bench.run(args)
+
+
+def test_graph_mode_needs_cuda(bench, capsys):
+    assert bench.modes_for(torch.device("cpu"), ["graph", "eager"]) == ["eager"]
+    assert "skipping graph mode" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="graph on CUDA only"):
+        bench.time_ms(lambda: None, torch.device("cpu"), 0, 1, "graph")
+
+
+@pytest.mark.gpu
+def test_bench_times_every_provider_replayed_from_a_cuda_graph(bench, tmp_path):
+    """Graph mode captures each provider's calls once and checks what the replays wrote
+    against torch, so a kernel that only works when launched eagerly stops the run."""
+    args = bench.parse_args(["--device", "cuda", "--n", "1", "64", "--hidden", "200", "--rep", "3",
+                             "--warmup", "1", "--copy-mib", "8", "--out-dir", str(tmp_path), "--tag", "g",
+                             "--modes", "eager", "graph"])
+    rows = bench.run(args)
+    assert [(r["mode"], r["provider"], r["N"]) for r in rows] == [
+        (mode, p, n) for mode in ("eager", "graph") for n in (1, 64) for p in bench.PROVIDERS]
+    assert all(r["time_us"] > 0 for r in rows)
+    assert (tmp_path / "capture_into_g.png").is_file()

@@ -45,3 +45,13 @@ def test_random_trees_accept_paths_and_a_wrong_kernel_is_refused(bench, tmp_path
     monkeypatch.setattr(bench, "verify_tree_greedy", wrong)
     with pytest.raises(SystemExit, match="triton differs from torch at B=1"):
         bench.run(_args(bench, tmp_path, "--providers", "torch", "triton"))
+
+
+@pytest.mark.gpu
+def test_bench_replays_the_kernels_from_a_cuda_graph(bench, tmp_path):
+    """The torch reference reads the tree on the host and is timed eagerly only."""
+    args = bench.parse_args(["--device", "cuda", "--b", "1", "8", "--rep", "2", "--warmup", "1",
+                             "--out-dir", str(tmp_path), "--tag", "g", "--modes", "graph"])
+    rows = bench.run(args)
+    assert [(r["mode"], r["provider"], r["B"]) for r in rows] == [
+        ("graph", p, b) for b in (1, 8) for p in ("triton", "cuda")]
