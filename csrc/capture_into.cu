@@ -3,7 +3,11 @@
 //
 // grid = rows * tiles. Each thread moves UNROLL 16-byte vectors (loads first,
 // then stores); the part of a row that is not a whole number of vectors is
-// copied element by element by the row's last tile. When some row start is not
+// copied element by element by the row's last tile. A launch of fewer than
+// kTargetBlocks blocks (decode sizes) moves one vector a thread in blocks of
+// 32-128 threads instead, so a few rows spread over many SMs rather than
+// queueing on the bandwidth of one (H200, CUDA graph replay, one row of 7,168
+// bf16: 1.69 -> 1.37 us a capture; benchmarks/README.md). When some row start is not
 // 16-byte aligned the launcher picks the element-wise kernel instead (same
 // result, slower). Casts go through float with round-to-nearest-even, exactly
 // like torch's Tensor.to.
@@ -17,6 +21,9 @@ namespace {
 
 constexpr int kUnroll = 4;
 constexpr int kMaxThreads = 256;
+// Blocks that keep a large GPU busy (RTX PRO 6000: 188 SMs, H100/H200: 132), as
+// ops/triton/capture_into.py's picker counts programs.
+constexpr int64_t kTargetBlocks = 4 * 188;
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -61,7 +68,7 @@ __device__ __forceinline__ void store_converted(TOut* dst, const Pack<TIn, VEC>&
   }
 }
 
-template <typename TIn, typename TOut, int VEC, bool HAS_RESIDUAL>
+template <typename TIn, typename TOut, int VEC, bool HAS_RESIDUAL, int UNROLL>
 __global__ void __launch_bounds__(kMaxThreads)
     capture_into_kernel(const __grid_constant__ CaptureIntoParams p, int64_t tiles_per_row) {
   const int64_t row = blockIdx.x / tiles_per_row;
@@ -72,11 +79,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   TOut* dst = static_cast<TOut*>(p.buffer) + row * p.buffer_row_stride + p.col;
 
   const int64_t num_vec = p.hidden_size / VEC;
-  const int64_t first = tile * static_cast<int64_t>(blockDim.x) * kUnroll + threadIdx.x;
-  Pack<TIn, VEC> a[kUnroll];
-  Pack<TIn, VEC> b[kUnroll];
+  const int64_t first = tile * static_cast<int64_t>(blockDim.x) * UNROLL + threadIdx.x;
+  Pack<TIn, VEC> a[UNROLL];
+  Pack<TIn, VEC> b[UNROLL];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < UNROLL; ++u) {
     const int64_t v = first + static_cast<int64_t>(u) * blockDim.x;
     if (v < num_vec) {
       a[u] = reinterpret_cast<const Pack<TIn, VEC>*>(hid)[v];
@@ -84,7 +91,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < UNROLL; ++u) {
     const int64_t v = first + static_cast<int64_t>(u) * blockDim.x;
     if (v < num_vec) {
       if constexpr (HAS_RESIDUAL) {
@@ -109,33 +116,54 @@ bool aligned(const void* ptr, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// Threads and tiles for rows of num_vec vectors (plus a scalar tail).
-void plan(int64_t hidden, int vec, int* threads, int64_t* tiles) {
+// Threads, vectors a thread (unroll) and tiles for `rows` rows of num_vec vectors (plus a
+// scalar tail): whole rows in blocks of up to 256 threads x 4 vectors, or, when that
+// launches fewer than kTargetBlocks blocks, one vector a thread in blocks halved from 128
+// down to 32 threads until the launch has kTargetBlocks blocks.
+struct Plan {
+  int threads;
+  int unroll;
+  int64_t tiles;
+};
+
+Plan plan(int64_t rows, int64_t hidden, int vec) {
   const int64_t num_vec = hidden / vec;
   const int64_t work = num_vec > 0 ? num_vec : (hidden > 0 ? 1 : 0);
+  auto tiles_of = [&](int64_t per_tile) { return num_vec > 0 ? (num_vec + per_tile - 1) / per_tile : 1; };
   int64_t t = (work + kUnroll - 1) / kUnroll;
   t = ((t + 31) / 32) * 32;
   if (t < 32) t = 32;
   if (t > kMaxThreads) t = kMaxThreads;
-  *threads = static_cast<int>(t);
-  const int64_t per_tile = t * kUnroll;
-  *tiles = num_vec > 0 ? (num_vec + per_tile - 1) / per_tile : 1;
+  Plan wide{static_cast<int>(t), kUnroll, tiles_of(t * kUnroll)};
+  if (rows * wide.tiles >= kTargetBlocks || num_vec <= 32) return wide;
+  Plan narrow{128, 1, tiles_of(128)};
+  while (narrow.threads > 32 && rows * narrow.tiles < kTargetBlocks) {
+    narrow.threads /= 2;
+    narrow.tiles = tiles_of(narrow.threads);
+  }
+  return narrow;
+}
+
+template <typename TIn, typename TOut, int VEC, int UNROLL>
+void launch(const CaptureIntoParams& p, const Plan& plan, unsigned blocks, cudaStream_t stream) {
+  if (p.residual != nullptr) {
+    capture_into_kernel<TIn, TOut, VEC, true, UNROLL><<<blocks, plan.threads, 0, stream>>>(p, plan.tiles);
+  } else {
+    capture_into_kernel<TIn, TOut, VEC, false, UNROLL><<<blocks, plan.threads, 0, stream>>>(p, plan.tiles);
+  }
 }
 
 template <typename TIn, typename TOut>
 cudaError_t capture_typed(const CaptureIntoParams& p, int vec, cudaStream_t stream) {
-  int threads = 0;
-  int64_t tiles = 0;
-  plan(p.hidden_size, vec, &threads, &tiles);
-  const int64_t blocks = p.num_rows * tiles;
+  const Plan pl = plan(p.num_rows, p.hidden_size, vec);
+  const int64_t blocks = p.num_rows * pl.tiles;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   constexpr int kVec = static_cast<int>(16 / sizeof(TIn));
-  const bool res = p.residual != nullptr;
   const unsigned g = static_cast<unsigned>(blocks);
-  if (vec == kVec && res) capture_into_kernel<TIn, TOut, kVec, true><<<g, threads, 0, stream>>>(p, tiles);
-  if (vec == kVec && !res) capture_into_kernel<TIn, TOut, kVec, false><<<g, threads, 0, stream>>>(p, tiles);
-  if (vec != kVec && res) capture_into_kernel<TIn, TOut, 1, true><<<g, threads, 0, stream>>>(p, tiles);
-  if (vec != kVec && !res) capture_into_kernel<TIn, TOut, 1, false><<<g, threads, 0, stream>>>(p, tiles);
+  if (vec == kVec && pl.unroll == kUnroll) launch<TIn, TOut, kVec, kUnroll>(p, pl, g, stream);
+  if (vec == kVec && pl.unroll == 1) launch<TIn, TOut, kVec, 1>(p, pl, g, stream);
+  if (vec != kVec && pl.unroll == kUnroll) launch<TIn, TOut, 1, kUnroll>(p, pl, g, stream);
+  if (vec != kVec && pl.unroll == 1) launch<TIn, TOut, 1, 1>(p, pl, g, stream);
   return cudaGetLastError();
 }
 

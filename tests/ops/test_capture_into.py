@@ -90,6 +90,23 @@ def test_k_captures_in_any_order_equal_the_concat(backend, device, dtype, hidden
     assert_bitwise_equal(buffer, _packed(hiddens, residuals, dtype), f"{backend} K={k} H={hidden}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("rows", [1, 40, 1024])
+@pytest.mark.parametrize("hidden", [576, 4100, 7168])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_decode_and_prefill_launch_plans(backend, rows, hidden, dtype):
+    """Both launch shapes of each kernel: few rows spread over many small blocks (decode),
+    1,024 rows in whole-row blocks (prefill); H = 4100 leaves a tail that is not a whole
+    16-byte vector."""
+    _need(backend, "cuda")
+    hiddens, residuals = _states(2, rows, hidden, dtype, "cuda"), _states(2, rows, hidden, dtype, "cuda")
+    buffer = torch.full((rows, 2 * hidden), float("nan"), dtype=dtype, device="cuda")
+    for slot in (1, 0):
+        capture_into(buffer, slot, hiddens[slot], residuals[slot], backend=backend)
+    assert_bitwise_equal(buffer, _packed(hiddens, residuals, dtype), f"{backend} rows={rows} H={hidden}")
+
+
 def _special_values(dtype: torch.dtype) -> torch.Tensor:
     """Zeros of both signs, subnormals, infinities, extremes and rounding ties."""
     finfo = torch.finfo(dtype)
