@@ -280,7 +280,7 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
         cache.meta["next_conversation"] = args.first_conversation
     more = [tf.TeacherCache.finished(d, identity) for d in args.add_teacher_cache or []]
     for c in more:                               # refused before the data pass, not after
-        if not torch.equal(c.read_target()[0], draft_ids):
+        if not torch.equal(c.read_target(embed=False)[0], draft_ids):
             raise Eagle3Error(f"--add-teacher-cache {c.dir}: its draft vocabulary is not "
                               f"{cache.dir}'s; the top-k teachers of the two cannot be mixed. "
                               "Leave it out, or build both from the same dataset and seed.")

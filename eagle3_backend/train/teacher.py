@@ -264,7 +264,9 @@ class TeacherCache:
 
     def __init__(self, directory: str | Path, identity: dict[str, Any],
                  fix: str = "Use another --teacher-cache folder, or delete this one to "
-                            "rebuild it."):
+                            "rebuild it.", free: tuple[str, ...] = ()):
+        """``free``: identity fields an existing cache may hold other values of (kept as
+        the cache's)."""
         self.dir = Path(directory)
         self.identity = identity
         self.meta: dict[str, Any] = {"format_version": TEACHER_FORMAT_VERSION,
@@ -277,39 +279,33 @@ class TeacherCache:
             except (OSError, ValueError) as exc:
                 raise Eagle3Error(f"{path}: cannot be read as JSON ({exc}); the teacher cache "
                                   f"is damaged. Delete {self.dir} to rebuild it.") from None
-            if meta.get("format_version") != TEACHER_FORMAT_VERSION:
-                raise Eagle3Error(f"{path}: teacher cache format {meta.get('format_version')!r}, "
+            if not isinstance(meta, dict) or meta.get("format_version") != TEACHER_FORMAT_VERSION:
+                version = meta.get("format_version") if isinstance(meta, dict) else None
+                raise Eagle3Error(f"{path}: teacher cache format {version!r}, "
                                   f"expected {TEACHER_FORMAT_VERSION}. Delete {self.dir} to "
                                   "rebuild it.")
-            theirs = meta.get("identity", {})
+            theirs = meta.get("identity")
+            theirs = theirs if isinstance(theirs, dict) else {}
             diff = [k for k in sorted(set(identity) | set(theirs))
-                    if identity.get(k) != theirs.get(k)]
+                    if k not in free and identity.get(k) != theirs.get(k)]
             if diff:
                 lines = "; ".join(f"{k}: cache has {theirs.get(k)!r}, this run needs "
                                   f"{identity.get(k)!r}" for k in diff)
                 raise Eagle3Error(f"teacher cache {self.dir} was written for another setup "
                                   f"({lines}). {fix}")
-            self.meta = meta
+            self.meta, self.identity = meta, theirs
 
     @classmethod
     def finished(cls, directory: str | Path, identity: dict[str, Any]) -> "TeacherCache":
         """An existing cache, read as it is (never extended), written for ``identity`` on
         other conversations: every identity field but ``first_conversation`` must match."""
-        path = Path(directory) / cls.META
-        if not path.is_file():
+        if not (Path(directory) / cls.META).is_file():
             raise Eagle3Error(f"{directory}: not a teacher cache (no {cls.META}). "
                               "--add-teacher-cache takes a folder that an earlier run's "
                               "--teacher-cache wrote.")
-        try:
-            first = json.loads(path.read_text(encoding="utf-8"))["identity"].get(
-                "first_conversation")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            first = None                          # the constructor names what is wrong
-        ident = {k: v for k, v in identity.items() if k != "first_conversation"}
-        if first:
-            ident["first_conversation"] = first
-        cache = cls(directory, ident, fix="Leave it out of --add-teacher-cache, or train "
-                                          "with the setup it was written for.")
+        cache = cls(directory, identity, free=("first_conversation",),
+                    fix="Leave it out of --add-teacher-cache, or train with the setup it "
+                        "was written for.")
         if not cache.shards:
             raise Eagle3Error(f"teacher cache {cache.dir} holds no conversations; leave it "
                               "out of --add-teacher-cache.")
@@ -342,12 +338,13 @@ class TeacherCache:
                   str(tmp))
         tmp.replace(self.dir / "target.safetensors")
 
-    def read_target(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(draft vocabulary target ids [Vd], the target's input embedding [V, H])."""
-        from safetensors.torch import load_file
+    def read_target(self, embed: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(draft vocabulary target ids [Vd], the target's input embedding [V, H], or None
+        when ``embed`` is False: only the ids are read then)."""
+        from safetensors import safe_open
 
-        t = load_file(str(self.dir / "target.safetensors"))
-        return t["draft_ids"], t["embed"]
+        with safe_open(str(self.dir / "target.safetensors"), framework="pt") as f:
+            return f.get_tensor("draft_ids"), f.get_tensor("embed") if embed else None
 
     def add_shard(self, seqs: Sequence[tuple[str, list[int], list[bool], dict[str, torch.Tensor]]],
                   next_conversation: int, seconds: float) -> None:

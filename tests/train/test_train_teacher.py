@@ -140,8 +140,10 @@ def test_cache_grows_by_shards_is_reused_and_refuses_another_setup(tmp_path, tin
     assert sorted(p.name for p in (tmp_path / "tc").iterdir()) == [
         "meta.json", *[f"shard-{i:05d}.safetensors" for i in range(len(again.shards))],
         "target.safetensors"]                                          # no temporary files
-    vocab_back, _ = again.read_target()
-    assert torch.equal(vocab_back, vocab)
+    vocab_back, embed_back = again.read_target()
+    assert torch.equal(vocab_back, vocab) and torch.equal(embed_back, torch.zeros(49152, 64))
+    ids_only, no_embed = again.read_target(embed=False)
+    assert torch.equal(ids_only, vocab) and no_embed is None
 
     with pytest.raises(Eagle3Error, match=r"^teacher cache .*tc was written for another setup "
                                           r"\(layout: cache has \['layer_input:3', 'embed'\], "
@@ -150,6 +152,20 @@ def test_cache_grows_by_shards_is_reused_and_refuses_another_setup(tmp_path, tin
         tf.TeacherCache(tmp_path / "tc", _identity(layout=["embed"]))
     with pytest.raises(Eagle3Error, match=r"target: cache has 't', this run needs 'other'"):
         tf.TeacherCache(tmp_path / "tc", _identity(target="other"))
+
+
+@pytest.mark.parametrize("text,found", [("[]", "None"), ('{"format_version": 0}', "0"),
+                                        ('{"format_version": 1, "identity": []}', None)])
+def test_a_damaged_cache_description_is_named_not_a_crash(tmp_path, text, found):
+    """meta.json that is JSON but not a cache's description: the error names the file and
+    the fix (a list of an identity compares as an empty one: every field differs)."""
+    (tmp_path / "tc").mkdir()
+    (tmp_path / "tc" / "meta.json").write_text(text, encoding="utf-8")
+    pattern = (rf"meta.json: teacher cache format {found}, expected 1\. Delete .*tc to rebuild it"
+               if found else r"teacher cache .*tc was written for another setup \(draft_vocab: cache has "
+                             r"None, this run needs 64; layout: cache has None")
+    with pytest.raises(Eagle3Error, match=pattern):
+        tf.TeacherCache(tmp_path / "tc", _identity())
 
 
 def test_a_deadline_keeps_the_complete_shards(tmp_path, tiny_target):
