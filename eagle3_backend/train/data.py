@@ -392,6 +392,19 @@ def save_data(data: TrainingData, directory: str | Path) -> Path:
     return d
 
 
+def read_meta(path: Path, version: int, what: str, fix: str) -> dict[str, Any]:
+    """A meta.json this package wrote (``format_version`` == ``version``), as a dict; else an
+    Eagle3Error naming the file, ``what`` it describes and the ``fix``."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise Eagle3Error(f"{path}: cannot be read as JSON ({exc}); {what} is damaged. {fix}") from None
+    found = meta.get("format_version") if isinstance(meta, dict) else None
+    if found != version:
+        raise Eagle3Error(f"{path}: {what} has format version {found!r}, expected {version}. {fix}")
+    return meta
+
+
 def load_data(directory: str | Path) -> TrainingData:
     """Read a data set written by :func:`save_data`."""
     from safetensors.torch import load_file
@@ -401,15 +414,7 @@ def load_data(directory: str | Path) -> TrainingData:
     if not meta_path.is_file() or not tensor_path.is_file():
         raise Eagle3Error(f"{d} holds no training data (meta.json + data.safetensors); "
                           "expected a folder written by `eagle3 train --cache-data`.")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise Eagle3Error(f"{meta_path}: cannot be read as JSON ({exc}); the cached training "
-                          f"data is damaged. Delete {d} to regenerate it.") from None
-    if not isinstance(meta, dict) or meta.get("format_version") != DATA_FORMAT_VERSION:
-        version = meta.get("format_version") if isinstance(meta, dict) else None
-        raise Eagle3Error(f"{meta_path}: data format version {version!r}, "
-                          f"expected {DATA_FORMAT_VERSION}. Delete the folder to regenerate it.")
+    meta = read_meta(meta_path, DATA_FORMAT_VERSION, "the cached training data", f"Delete {d} to regenerate it.")
     from safetensors import SafetensorError
 
     try:

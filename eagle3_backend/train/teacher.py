@@ -45,7 +45,7 @@ import torch
 from eagle3_backend.config import DTYPES
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
-from eagle3_backend.train.data import DataSequence
+from eagle3_backend.train.data import DataSequence, read_meta
 from eagle3_backend.verify.report import write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -274,16 +274,8 @@ class TeacherCache:
                                      "next_conversation": 0}
         path = self.dir / self.META
         if path.is_file():
-            try:
-                meta = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise Eagle3Error(f"{path}: cannot be read as JSON ({exc}); the teacher cache "
-                                  f"is damaged. Delete {self.dir} to rebuild it.") from None
-            if not isinstance(meta, dict) or meta.get("format_version") != TEACHER_FORMAT_VERSION:
-                version = meta.get("format_version") if isinstance(meta, dict) else None
-                raise Eagle3Error(f"{path}: teacher cache format {version!r}, "
-                                  f"expected {TEACHER_FORMAT_VERSION}. Delete {self.dir} to "
-                                  "rebuild it.")
+            meta = read_meta(path, TEACHER_FORMAT_VERSION, "the teacher cache",
+                             f"Delete {self.dir} to rebuild it.")
             theirs = meta.get("identity")
             theirs = theirs if isinstance(theirs, dict) else {}
             diff = [k for k in sorted(set(identity) | set(theirs))

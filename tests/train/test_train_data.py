@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from eagle3_backend.errors import Eagle3Error
-from eagle3_backend.train.data import generate_data, load_data, prompt_token_counts, save_data
+from eagle3_backend.train.data import (
+    DATA_FORMAT_VERSION,
+    generate_data,
+    load_data,
+    prompt_token_counts,
+    save_data,
+)
 from eagle3_backend.verify.datasets import Prompt, render_prompt
 from eagle3_backend.verify.engine import generate_target_only
 from eagle3_backend.verify.targets import HiddenCapture
@@ -92,6 +100,11 @@ def test_damaged_cache_is_a_one_line_error(tmp_path, data):
     with pytest.raises(Eagle3Error, match=rf"^{d}/meta.json: cannot be read as JSON \(.*\); the "
                                           rf"cached training data is damaged. Delete {d} to "
                                           rf"regenerate it.$"):
+        load_data(d)
+    (d / "meta.json").write_text(json.dumps({**json.loads(meta), "format_version": 0}))
+    with pytest.raises(Eagle3Error, match=rf"^{d}/meta.json: the cached training data has format "
+                                          rf"version 0, expected {DATA_FORMAT_VERSION}. Delete {d} "
+                                          rf"to regenerate it.$"):
         load_data(d)
     (d / "meta.json").write_text(meta)
     blob = (d / "data.safetensors").read_bytes()

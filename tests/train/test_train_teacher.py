@@ -161,7 +161,8 @@ def test_a_damaged_cache_description_is_named_not_a_crash(tmp_path, text, found)
     the fix (a list of an identity compares as an empty one: every field differs)."""
     (tmp_path / "tc").mkdir()
     (tmp_path / "tc" / "meta.json").write_text(text, encoding="utf-8")
-    pattern = (rf"meta.json: teacher cache format {found}, expected 1\. Delete .*tc to rebuild it"
+    pattern = (rf"meta.json: the teacher cache has format version {found}, expected 1\. Delete .*tc "
+               rf"to rebuild it\.$"
                if found else r"teacher cache .*tc was written for another setup \(draft_vocab: cache has "
                              r"None, this run needs 64; layout: cache has None")
     with pytest.raises(Eagle3Error, match=pattern):
