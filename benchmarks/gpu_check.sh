@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One prepared GPU run for issue 3: the GPU-marked kernel tests, then the
+# One prepared GPU run for issue 3: the GPU-marked kernel and draft-model tests, then the
 # capture_into (CSV + PNG) and verify_tree_greedy (CSV) benchmarks. Needs torch with CUDA, triton and nvcc;
-# not sglang. Builds the CUDA extension on the fly for this GPU's arch only
+# not sglang. (The other GPU tests need the bundled 98 MB GGUF and flashinfer.) Builds the CUDA extension on the fly for this GPU's arch only
 # (a few tens of seconds on 16 cores). The benchmark runs even when a test
 # fails (device time is scarce); the exit status is the tests' if they failed,
 # else the benchmark's.
@@ -22,7 +22,7 @@ from eagle3_backend.ops import _ext, describe_backends
 print("jit build:", _ext.jit_build(), _ext.load_error())
 print(describe_backends("cuda"))
 PYEOF
-timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -q --maxfail=10 tests/ops -m gpu -p no:cacheprovider >"$RESULTS_DIR/gpu_tests.log" 2>&1
+timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -q --maxfail=10 tests/ops tests/test_model.py -m gpu -p no:cacheprovider >"$RESULTS_DIR/gpu_tests.log" 2>&1
 tests=$?
 tail -25 "$RESULTS_DIR/gpu_tests.log"
 $PY benchmarks/bench_capture_into.py --out-dir "$RESULTS_DIR" "$@"
