@@ -183,7 +183,18 @@ def environment(device: torch.device, argv: list[str], script: str = "bench_capt
         "python": platform.python_version(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in argv),
+        "git": _git_label(),
     }
+
+
+def _git_label() -> str:
+    """The checkout's commit (+dirty), or why there is none (a copied tree without .git)."""
+    from eagle3_backend.verify.report import git_revision
+
+    rev = git_revision(ROOT)
+    if rev["commit"] is None:
+        return "unknown (not a git checkout)"
+    return rev["commit"][:12] + ("+dirty" if rev["dirty"] else "")
 
 
 def available_providers(requested: list[str], device: torch.device, jit: bool) -> tuple[list[str], dict[str, str]]:

@@ -23,6 +23,10 @@ def test_bench_runs_on_cpu_and_writes_csv(bench, tmp_path):
     lines = (tmp_path / "capture_into_smoke.csv").read_text().splitlines()
     header = [ln for ln in lines if ln.startswith("#")]
     assert any(ln.startswith("# torch: ") for ln in header)
+    from eagle3_backend.verify.report import git_revision
+
+    commit = git_revision()["commit"]
+    assert any(ln.startswith(f"# git: {commit[:12] if commit else 'unknown'}") for ln in header)
     assert any(ln.startswith("# command: ") and "--device cpu" in ln for ln in header)
     table = list(csv.DictReader(ln for ln in lines if not ln.startswith("#")))
     assert [(r["provider"], int(r["N"])) for r in table][:3] == [("torch", 1), ("sglang_pack", 1), ("triton", 1)]
