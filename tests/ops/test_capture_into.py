@@ -97,10 +97,19 @@ def test_k_captures_in_any_order_equal_the_concat(backend, device, dtype, hidden
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_decode_and_prefill_launch_plans(backend, rows, hidden, dtype):
     """Both launch shapes of each kernel: few rows spread over many small blocks (decode),
-    1,024 rows in whole-row blocks (prefill); H = 4100 leaves a tail that is not a whole
-    16-byte vector."""
+    1,024 rows in whole-row blocks (prefill). The inputs are views of rows padded to a
+    multiple of 64, so the rows start 16-byte aligned: in bf16, H = 4100 then takes the
+    vector path with a 4-element tail in slot 0, and the element path in slot 1 (its first
+    column is not 16-byte aligned)."""
     _need(backend, "cuda")
-    hiddens, residuals = _states(2, rows, hidden, dtype, "cuda"), _states(2, rows, hidden, dtype, "cuda")
+    padded = -(-hidden // 64) * 64
+
+    def views() -> list[torch.Tensor]:
+        return [torch.zeros(rows, padded, dtype=dtype, device="cuda")[:, :hidden].copy_(t)
+                for t in _states(2, rows, hidden, dtype, "cuda")]
+
+    hiddens, residuals = views(), views()
+    assert hiddens[0].stride(0) == padded
     buffer = torch.full((rows, 2 * hidden), float("nan"), dtype=dtype, device="cuda")
     for slot in (1, 0):
         capture_into(buffer, slot, hiddens[slot], residuals[slot], backend=backend)
