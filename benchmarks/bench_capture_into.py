@@ -143,7 +143,6 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, rep: in
             t0 = time.perf_counter()
             batch()
             samples.append((time.perf_counter() - t0) * 1e3 / inner)
-    _sync(device)
     return statistics.median(samples), result
 
 
@@ -243,27 +242,28 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
 
     generator = torch.Generator().manual_seed(0)
     rows_out = []
-    for mode in modes_for(device, args.modes):
-        for n in args.n:
-            def states() -> list[torch.Tensor]:
-                return [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device)
-                        for _ in range(args.k)]
+    modes = modes_for(device, args.modes)
+    for n in args.n:                                  # one set of inputs for every mode
+        def states() -> list[torch.Tensor]:
+            return [torch.randn(n, args.hidden, generator=generator).to(dtype).to(device) for _ in range(args.k)]
 
-            hiddens, residuals = states(), states()
-            useful_bytes = 3 * n * args.k * args.hidden * hiddens[0].element_size()
-            out = torch.empty(n, args.k * args.hidden, dtype=dtype, device=device)
-            packer = PackEachCapture(n, args.hidden, args.k, dtype, device)
-            calls: dict[str, Callable[[], object]] = {
-                "torch": lambda: torch_sum_cat(hiddens, residuals),
-                "sglang_pack": lambda: packer(hiddens, residuals),
-                "triton": lambda: capture_all(out, hiddens, residuals, "triton"),
-                "cuda": lambda: capture_all(out, hiddens, residuals, "cuda"),
-            }
-            expected = torch_sum_cat(hiddens, residuals)
+        hiddens, residuals = states(), states()
+        useful_bytes = 3 * n * args.k * args.hidden * hiddens[0].element_size()
+        out = torch.empty(n, args.k * args.hidden, dtype=dtype, device=device)
+        packer = PackEachCapture(n, args.hidden, args.k, dtype, device)
+        calls: dict[str, Callable[[], object]] = {
+            "torch": lambda: torch_sum_cat(hiddens, residuals),
+            "sglang_pack": lambda: packer(hiddens, residuals),
+            "triton": lambda: capture_all(out, hiddens, residuals, "triton"),
+            "cuda": lambda: capture_all(out, hiddens, residuals, "cuda"),
+        }
+        expected = torch_sum_cat(hiddens, residuals)
+        for name in providers:
+            if not same_bits(calls[name](), expected):
+                raise SystemExit(f"{name} differs from torch at N={n}: refusing to time a wrong kernel")
+        for mode in modes:
             base_ms = None
             for name in providers:
-                if not same_bits(calls[name](), expected):
-                    raise SystemExit(f"{name} differs from torch at N={n}: refusing to time a wrong kernel")
                 out.zero_()
                 packer.buffer.zero_()
                 ms, result = time_ms(calls[name], device, args.warmup, args.rep, mode)
@@ -282,6 +282,7 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
                 speedup = f"x{base_ms / ms:.2f} vs torch" if base_ms else ""
                 print(f"{mode:<5} N={n:>5} {name:<12} {row['time_us']:>10.2f} us {gbs:>9.1f} GB/s "
                       f"{100 * gbs / copy_gbs:>6.1f}% of copy  {speedup}")
+    rows_out.sort(key=lambda r: modes.index(r["mode"]))   # the file: one mode after the other
     write_results(rows_out, env, copy_gbs, Path(args.out_dir), args.tag, plot=not args.no_plot)
     return rows_out
 

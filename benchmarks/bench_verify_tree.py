@@ -70,32 +70,42 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     env = environment(device, args.argv, "bench_verify_tree.py")
     generator = torch.Generator().manual_seed(0)
     rows = []
-    for mode in modes_for(device, args.modes):
-        for batch in args.b:
-            tree = {k: v.to(device) for k, v in random_trees(batch, args.d, args.vocab, generator).items()}
-            reference = allocate_verify_outputs(batch, args.d, args.depth + 1, device)
-            verify_tree_greedy(*reference, **tree, backend="torch")
-            expected = [t.cpu() for t in reference]
-            for name in providers:
+    modes = modes_for(device, args.modes)
+    for batch in args.b:                              # one tree and reference for every mode
+        tree = {k: v.to(device) for k, v in random_trees(batch, args.d, args.vocab, generator).items()}
+
+        def fresh() -> list[torch.Tensor]:
+            return list(allocate_verify_outputs(batch, args.d, args.depth + 1, device))
+
+        reference = fresh()
+        verify_tree_greedy(*reference, **tree, backend="torch")
+        expected = [t.cpu() for t in reference]
+
+        def same(outs: list[torch.Tensor]) -> bool:
+            return all(torch.equal(a.cpu(), b) for a, b in zip(outs, expected))
+
+        for name in providers:
+            out = fresh()
+
+            def call() -> list[torch.Tensor]:
+                verify_tree_greedy(*out, **tree, backend=name)
+                return out
+
+            if not same(call()):
+                raise SystemExit(f"{name} differs from torch at B={batch}: refusing to time a wrong kernel")
+            for mode in modes:
                 if mode == "graph" and name not in GRAPH_SAFE:
                     print(f"{mode} B={batch:>5} {name}: not timed (reads the tree on the host)")
                     continue
-                out = allocate_verify_outputs(batch, args.d, args.depth + 1, device)
-
-                def call() -> list[torch.Tensor]:
-                    verify_tree_greedy(*out, **tree, backend=name)
-                    return list(out)
-
-                if not all(torch.equal(a.cpu(), b) for a, b in zip(call(), expected)):
-                    raise SystemExit(f"{name} differs from torch at B={batch}: refusing to time a wrong kernel")
-                for t, fill in zip(out, allocate_verify_outputs(batch, args.d, args.depth + 1, device)):
+                for t, fill in zip(out, fresh()):
                     t.copy_(fill)                     # so the check below sees what the timed calls wrote
                 ms, result = time_ms(call, device, args.warmup, args.rep, mode)
-                if not all(torch.equal(a.cpu(), b) for a, b in zip(result, expected)):
+                if not same(result):
                     raise SystemExit(f"{name} differs from torch at B={batch} in {mode} mode")
                 rows.append({"mode": mode, "provider": name, "B": batch, "D": args.d, "S": args.depth + 1,
                              "time_us": round(ms * 1e3, 3)})
                 print(f"{mode:<5} B={batch:>5} D={args.d} {name:<8} {ms * 1e3:>10.2f} us")
+    rows.sort(key=lambda r: modes.index(r["mode"]))   # the file: one mode after the other
     write_csv(rows, env, Path(args.out_dir), "verify_tree", args.tag)
     return rows
 
