@@ -147,6 +147,46 @@ def test_tree_mask_and_cache_rollback_equal_a_fresh_causal_run(smol_target, enco
                                _causal_lm_forward(smol_target, nxt, p, fresh), rtol=1e-4, atol=1e-4)
 
 
+@torch.inference_mode()
+def test_tree_verify_groups_kv_heads_bit_equal_to_transformers_sdpa(smol_target, encoded,
+                                                                    monkeypatch):
+    """load_target puts the CPU target on grouped_sdpa_attention: a masked (tree) verify
+    never copies SmolLM2's 3 KV heads out to its 9 query heads, where transformers' sdpa
+    does for every layer, and gives the same logits bit for bit; so does the decode after it."""
+    from transformers.integrations import sdpa_attention
+
+    from eagle3_backend.verify.targets import GROUPED_SDPA
+
+    model = smol_target.model
+    assert model.config._attn_implementation == GROUPED_SDPA
+    repeats = []
+    real_repeat = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv",
+                        lambda x, n: repeats.append(n) or real_repeat(x, n))
+    prefix = encoded[0][:40]
+    P = len(prefix)
+    tree = DraftTree.from_parents(torch.tensor([504, 3575, 282, 4649, 314]), [-1, 0, 0, 2, 2])
+    pos = P + torch.tensor(tree.depths)[None]
+    got, copies = {}, {}
+    try:
+        for impl in (GROUPED_SDPA, "sdpa"):
+            model.set_attn_implementation(impl)
+            cache = _new_cache(smol_target)
+            _causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None], cache)
+            repeats.clear()
+            verify = _causal_lm_forward(smol_target, tree.tokens[None], pos, cache,
+                                        mask=tree.attention_mask(P))
+            copies[impl] = list(repeats)
+            keep_cache_rows(cache, P, [0, 2, 4])
+            decode = _causal_lm_forward(smol_target, torch.tensor([[13]]), torch.tensor([[P + 3]]), cache)
+            got[impl] = (verify, decode)
+    finally:
+        model.set_attn_implementation(GROUPED_SDPA)
+    assert copies == {GROUPED_SDPA: [], "sdpa": [3] * (2 * smol_target.num_layers)}
+    assert torch.equal(got[GROUPED_SDPA][0], got["sdpa"][0])
+    assert torch.equal(got[GROUPED_SDPA][1], got["sdpa"][1])
+
+
 def test_verify_greedy_oracle_cases():
     #        0(root)
     #     1(5)    2(7)
