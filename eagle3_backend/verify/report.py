@@ -117,13 +117,18 @@ def package_version() -> str:
 
 
 def environment() -> dict[str, Any]:
-    """Machine, package versions and git revision: what a results file records."""
+    """Machine, package versions, git revision and the command that ran (this process's
+    ``sys.argv``): what a results file records."""
+    import shlex
+    import sys
+
     vers = {**versions(), "eagle3-backend": package_version()}
     return {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "versions": vers,
         "git": git_revision(),
+        "command": shlex.join(sys.argv),
     }
 
 

@@ -19,7 +19,8 @@ from eagle3_backend.verify.report import (
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_write_results_records_environment(tmp_path):
+def test_write_results_records_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["eagle3", "eval", "--name", "eval test"])
     path = write_results("eval-test", {"acceptance_length": 2.5}, {"speculative_num_steps": 3}, tmp_path)
     assert path == tmp_path / "eval-test.json"
     doc = json.loads(path.read_text())
@@ -31,6 +32,7 @@ def test_write_results_records_environment(tmp_path):
     assert env["versions"]["torch"] and env["versions"]["transformers"]
     assert env["versions"]["eagle3-backend"]
     assert set(env["git"]) == {"commit", "dirty"}
+    assert env["command"] == "eagle3 eval --name 'eval test'"
     with pytest.raises(Eagle3Error, match="file stem"):
         write_results("../escape", {}, {}, tmp_path)
 
