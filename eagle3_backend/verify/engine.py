@@ -19,6 +19,7 @@ verify forward rounds differently from a 1-token decode, so the two can part).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -100,10 +101,68 @@ def _causal_lm_forward(
     return out.logits[0]
 
 
-def _new_cache(target: Target) -> Any:
+def _new_cache(target: Target, capacity: int = 256) -> Any:
+    """A transformers DynamicCache for ``target`` whose full-attention layers are
+    :func:`in_place_layer` ones with room for ``capacity`` positions (more when needed)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
-    return DynamicCache(config=target.model.config)
+    cache = DynamicCache(config=target.model.config)
+    layer_class = in_place_layer()
+    cache.layers = [layer_class(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
+
+
+@functools.cache
+def in_place_layer() -> type:
+    """transformers' ``DynamicLayer`` without the copies: its keys and values are views of
+    buffers allocated once per request, a forward writes its T new positions into them,
+    and a rollback moves only the accepted rows. transformers' own layer concatenates the
+    whole cache onto the new rows in every layer on every forward (``torch.cat``), and
+    slicing it back after a verify leaves a strided view that the next ``cat`` copies again.
+    Same keys and values, so the same logits (tested)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class InPlaceLayer(DynamicLayer):
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = max(1, int(capacity))
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self._buffers = tuple(x.new_empty((*x.shape[:2], self.capacity, x.shape[-1]))
+                                  for x in (key_states, value_states))
+            self.keys, self.values = (b[..., :0, :] for b in self._buffers)
+            self.is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start = self.keys.shape[-2]
+            end = start + key_states.shape[-2]
+            if end > self._buffers[0].shape[-2]:
+                self.capacity = max(end, 2 * self.capacity)
+                self._buffers = tuple(torch.cat([b[..., :start, :], b.new_empty(
+                    (*b.shape[:2], self.capacity - start, b.shape[-1]))], dim=-2)
+                    for b in self._buffers)
+            for b, x in zip(self._buffers, (key_states, value_states)):
+                b[..., start:end, :].copy_(x)
+            self.keys, self.values = (b[..., :end, :] for b in self._buffers)
+            return self.keys, self.values
+
+        def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+            """Keep positions ``[0, prefix_len)`` and then ``prefix_len + r`` for r in rows
+            (ascending): each kept row moves down in place (never onto a later one)."""
+            end = prefix_len + len(rows)
+            if rows != list(range(len(rows))):
+                index = prefix_len + torch.tensor(rows, dtype=torch.long, device=self.device)
+                for b in self._buffers:
+                    b[..., prefix_len:end, :] = b.index_select(-2, index)
+            self.keys, self.values = (b[..., :end, :] for b in self._buffers)
+
+    return InPlaceLayer
 
 
 def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
@@ -114,13 +173,16 @@ def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
     contiguous = rows == list(range(len(rows)))
     index = None
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in (DynamicLayer, in_place_layer()):
             raise TargetError(
                 f"target KV cache layer {type(layer).__name__} cannot be rolled back to the "
                 "accepted tokens; the offline verifier supports full-attention targets "
                 "(DynamicLayer). Sliding-window / linear-attention targets are not supported."
             )
         if not layer.is_initialized:
+            continue
+        if isinstance(layer, in_place_layer()):
+            layer.keep_rows(prefix_len, rows)
             continue
         if contiguous:
             end = prefix_len + len(rows)
@@ -172,7 +234,7 @@ def generate_target_only(
     gen = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
     _sync(device)
     t0 = time.perf_counter()
-    cache = _new_cache(target)
+    cache = _new_cache(target, len(prompt_ids) + max_new_tokens)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     pos = torch.arange(len(prompt_ids), device=device)[None]
     logits = _causal_lm_forward(target, ids, pos, cache, last_only=True)
@@ -287,7 +349,7 @@ class SpeculativeEngine:
         _sync(device)
         t0 = time.perf_counter()
         with HiddenCapture(target.model, self.layout) as capture:
-            cache = _new_cache(target)
+            cache = _new_cache(target, n + max_new_tokens + s.speculative_num_draft_tokens)
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
             logits = _causal_lm_forward(target, ids, torch.arange(n, device=device)[None],
                                         cache, last_only=True)

@@ -148,6 +148,51 @@ def test_tree_mask_and_cache_rollback_equal_a_fresh_causal_run(smol_target, enco
 
 
 @torch.inference_mode()
+def test_in_place_cache_bit_equal_to_transformers_dynamic_cache(smol_target, encoded):
+    """The engine's cache writes new positions into buffers allocated once and rolls back
+    by moving the accepted rows, where transformers' DynamicCache concatenates: the same
+    logits bit for bit through a prefill, a tree verify, a rollback to a non-contiguous
+    path, a verify that outgrows the buffer (room for 5 rows past the prompt) and a decode;
+    the buffers are reused in place, not reallocated, between growths."""
+    from transformers import DynamicCache
+
+    from eagle3_backend.verify.engine import in_place_layer
+
+    prefix = encoded[0][:30]
+    P = len(prefix)
+    ours, theirs = _new_cache(smol_target, P + 5), DynamicCache(config=smol_target.model.config)
+    assert all(type(layer) is in_place_layer() for layer in ours.layers)
+    tree = DraftTree.from_parents(torch.tensor([504, 3575, 282, 4649, 314]), [-1, 0, 0, 2, 2])
+
+    def steps(cache):
+        out = [_causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None],
+                                  cache)]
+        buffer = cache.layers[0].keys.data_ptr()
+        out.append(_causal_lm_forward(smol_target, tree.tokens[None],
+                                      P + torch.tensor(tree.depths)[None], cache,
+                                      mask=tree.attention_mask(P)))
+        same_buffer = cache.layers[0].keys.data_ptr() == buffer
+        keep_cache_rows(cache, P, [0, 2, 4])                     # root, node 2, node 4
+        out.append(_causal_lm_forward(smol_target, tree.tokens[None],
+                                      P + 3 + torch.tensor(tree.depths)[None], cache,
+                                      mask=tree.attention_mask(P + 3)))
+        keep_cache_rows(cache, P + 3, [0, 1])
+        out.append(_causal_lm_forward(smol_target, torch.tensor([[13]]),
+                                      torch.tensor([[P + 5]]), cache))
+        return out, same_buffer, [(layer.keys.clone(), layer.values.clone())
+                                  for layer in cache.layers]
+
+    got, same_buffer, kv = steps(ours)
+    want, _, kv_want = steps(theirs)
+    assert same_buffer
+    assert ours.get_seq_length() == theirs.get_seq_length() == P + 6
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for (k, v), (kw, vw) in zip(kv, kv_want):
+        assert torch.equal(k, kw) and torch.equal(v, vw)
+
+
+@torch.inference_mode()
 def test_tree_verify_groups_kv_heads_bit_equal_to_transformers_sdpa(smol_target, encoded,
                                                                     monkeypatch):
     """load_target puts the CPU target on grouped_sdpa_attention: a masked (tree) verify
