@@ -590,6 +590,9 @@ def _run_train(args: argparse.Namespace) -> int:
     summary = summarize(result)
     held_top1 = held_saved.top1() if held_saved else None
     report: dict[str, Any] = {
+        **environment(),
+        # the train command that reproduces this draft, not this process's argv (a test
+        # runner, a wrapper script): it replaces environment()'s "command"
         "command": _command(args),
         "target": str(target_path),
         "layout": layout.to_strings(),
@@ -617,7 +620,6 @@ def _run_train(args: argparse.Namespace) -> int:
                          "total": round(t_end - t_start, 2)},
         "threads": args.threads,
         "minutes_budget": args.minutes,
-        **environment(),
     }
     # The report marks a finished run (`make draft` reuses a DIR that has one): written last,
     # atomically.
