@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 draft-stage7 draft-stage8 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 draft-stage7 draft-stage8 draft-stage9 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -66,6 +66,7 @@ DRAFT_STAGE6_ARGS ?= --first-conversation 4993 --teacher-tokens 340000 --steps 1
 DRAFT_STAGE7_ARGS ?= --first-conversation 6805 --teacher-tokens 340000 --steps 1800 --threads 2
 DRAFT_STAGE8_ARGS ?= --first-conversation 8634 --teacher-tokens 340000 --steps 3600 --threads 2
 DRAFT_STAGE9_ARGS ?= --first-conversation 12600 --teacher-tokens 500000 --steps 2000 --lr 2e-4 --threads 2
+DRAFT_STAGE10_ARGS ?= --first-conversation 15302 --teacher-tokens 340000 --steps 3000 --lr 2e-4 --threads 2
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
 STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
 STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
@@ -83,8 +84,10 @@ STAGE7_KEY = $(shell echo '$(STAGE6_KEY) $(DRAFT_STAGE7_ARGS)' | sha256sum | cut
 STAGE7_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage7-$(STAGE7_KEY)
 STAGE8_KEY = $(shell echo '$(STAGE7_KEY) $(DRAFT_STAGE8_ARGS)' | sha256sum | cut -c1-12)
 STAGE8_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage8-$(STAGE8_KEY)
-DRAFT_KEY = $(shell echo '$(STAGE8_KEY) $(DRAFT_STAGE9_ARGS)' | sha256sum | cut -c1-12)
-DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage9-$(DRAFT_KEY)
+STAGE9_KEY = $(shell echo '$(STAGE8_KEY) $(DRAFT_STAGE9_ARGS)' | sha256sum | cut -c1-12)
+STAGE9_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage9-$(STAGE9_KEY)
+DRAFT_KEY = $(shell echo '$(STAGE9_KEY) $(DRAFT_STAGE10_ARGS)' | sha256sum | cut -c1-12)
+DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage10-$(DRAFT_KEY)
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
 ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
 NEW_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from1816
@@ -93,6 +96,7 @@ STAGE6_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-fro
 STAGE7_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from6805
 STAGE8_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from8634
 STAGE9_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from12600
+STAGE10_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from15302
 TRAIN := OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt
 
 draft-stage1: setup
@@ -154,12 +158,20 @@ draft-stage8: setup
 			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage8-$(STAGE8_KEY) --out $(STAGE8_DIR) --force; fi
 
 # Stage 9: 500k tokens of fresh chats only, at a third of the learning rate, from stage 8.
-draft: setup
-	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage8
-	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+draft-stage9: setup
+	@[ -f $(STAGE9_DIR)/train_report.json ] || $(MAKE) draft-stage8
+	@if [ -f $(STAGE9_DIR)/train_report.json ]; then echo "draft stage 9: $(STAGE9_DIR) (cached)"; else \
 		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE9_ARGS) \
 			--init-from $(STAGE8_DIR) --teacher-cache $(STAGE9_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage9-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage9-$(STAGE9_KEY) --out $(STAGE9_DIR) --force; fi
+
+# Stage 10: the next fresh chats and stage 9's together, from stage 9.
+draft: setup
+	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage9
+	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
+		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE10_ARGS) \
+			--add-teacher-cache $(STAGE9_ANSWER_CACHE) --init-from $(STAGE9_DIR) --teacher-cache $(STAGE10_ANSWER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage10-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
 
 ship-draft: draft
 	mkdir -p $(SHIPPED_DRAFT)
