@@ -28,6 +28,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 READY_LINE = "The server is fired up and ready to roll!"
+BIND_ERROR = "error while attempting to bind on address"  # uvicorn, when the HTTP port is taken
 #: What the eagle3 plugin's launcher logs once its pre-load checks passed (serving/runtime.py).
 PLUGIN_ACTIVE_LINE = "eagle3_backend: pre-load checks passed"
 #: The environment of a server with this package's CPU platform but stock SGLang's own
@@ -165,7 +166,23 @@ class CpuServer:
         return PLUGIN_ACTIVE_LINE in self.log_text()
 
     def start(self) -> "CpuServer":
-        self.port = self.port or free_port()
+        """Start the server and wait for its ready line. A port this object picked that another
+        process takes first (uvicorn's bind error; SGLang then hangs in shutdown instead of
+        exiting) is given up for a fresh one, up to three times; a port the caller chose is an error."""
+        chosen = not self.port
+        for _ in range(3):
+            self.port = self.port or free_port()
+            if self._start_once():
+                return self
+            if not chosen:
+                raise ServerError(f"port {self.port} is already in use by another process; free it "
+                                  f"or start the server on another port. Log: {self.log_path}")
+            logger.warning("port %d was taken before the server bound it; retrying on another", self.port)
+            self.port = 0
+        raise ServerError(f"three free ports were taken before the server could bind them; see {self.log_path}")
+
+    def _start_once(self) -> bool:
+        """One launch: True once ready, False when the HTTP port could not be bound."""
         cmd = [sys.executable, "-m", "sglang.launch_server", *self.spec.args(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting %s", " ".join(cmd))
@@ -174,13 +191,16 @@ class CpuServer:
                                          start_new_session=True)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
+            log = self.log_text()
+            if BIND_ERROR in log:
+                self.stop()
+                return False
             if self.proc.poll() is not None:
-                tail = self.log_text()[-3000:]
                 self.stop()
                 raise ServerError(f"server exited with code {self.proc.returncode} before it was "
-                                  f"ready; log {self.log_path} ends:\n{tail}")
-            if READY_LINE in self.log_text():
-                return self
+                                  f"ready; log {self.log_path} ends:\n{log[-3000:]}")
+            if READY_LINE in log:
+                return True
             time.sleep(1.0)
         self.stop()
         raise ServerError(f"server not ready after {self.start_timeout:.0f} s; see {self.log_path}")

@@ -28,7 +28,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # keep pytest output clean
         pass
 
+    def _leave(self) -> None:
+        """A POST leaves the in-flight count before its answer goes on the wire: a client
+        that sends its next request the moment one is answered never overlaps two."""
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with self.server.lock:
+                self.server.inflight -= 1
+
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self._leave()
         try:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -54,6 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
             srv.inflight += 1
             srv.max_inflight = max(srv.max_inflight, srv.inflight)
             srv.bodies.append((self.path, body))
+        self._counted = True
         try:
             time.sleep(srv.delay)
             mode = srv.mode
@@ -86,8 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, json.dumps(resp).encode())
             self._send(404, b"{}")
         finally:
-            with srv.lock:
-                srv.inflight -= 1
+            self._leave()
 
 
 class _Server(ThreadingHTTPServer):
