@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 ARTIFACTS := artifacts
 SMOLLM2_GGUF = $(shell $(PY) -c "from eagle3_backend.target import bundled_target_path; print(bundled_target_path())")
 
-.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 draft-stage7 draft-stage8 draft-stage9 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
+.PHONY: setup demo draft draft-stage1 draft-stage2 draft-stage3 draft-stage4 draft-stage5 draft-stage6 draft-stage7 draft-stage8 draft-stage9 draft-stage10 ship-draft eval-draft doctor-draft serve-cpu serve-demo test test-fast ext clean
 
 .venv/.setup-done: scripts/setup_env.sh requirements/base.txt requirements/lock.txt requirements/data.txt pyproject.toml setup.py
 	./scripts/setup_env.sh
@@ -33,7 +33,7 @@ demo: setup $(SMOLLM2_HF)/config.json
 	OMP_NUM_THREADS=1 $(PY) benchmarks/serve_demo.py --draft $(SHIPPED_DRAFT) --target $(SMOLLM2_HF) \
 		$(SPEC_TREE) --prompts 8 --rounds 1 --output-dir $(ARTIFACTS)/demo --name demo
 
-# A trained EAGLE-3 draft for the bundled SmolLM2 target, in eight stages, fixed seed
+# A trained EAGLE-3 draft for the bundled SmolLM2 target, in ten stages, fixed seed
 # (hours). Stage 1, teacher-forced: the target reads 256k tokens of whole ShareGPT chats once
 # (one core, ~92 tok/s measured on this loaded 2-core machine, ~150-230 uncontended), then 8
 # epochs of TTT training at lr 6e-4 (the best of 2e-4 / 6e-4 / 2e-3 / 6e-3 in
@@ -49,8 +49,10 @@ demo: setup $(SMOLLM2_HF)/config.json
 # ~33 min, beside serving benchmarks); stage 7 from stage 6 on the next 1,536 (--first-conversation
 # 6805) with two threads. Stage 8 answers the next 1,664 (--first-conversation 8634; ~47 min), then
 # trains 3,600 steps (~38 min) from stage 7 on those and stages 5-7's caches together
-# (--add-teacher-cache: 6,272 chats, 977k answer tokens). New chats make each stage's data, so no
-# stage regenerates an earlier one's; stage 8 reads stages 5-7's caches, so they must still exist.
+# (--add-teacher-cache: 6,272 chats, 977k answer tokens). Stage 9 trains from stage 8 on 500k
+# tokens of fresh chats at lr 2e-4; stage 10 from stage 9 on the next fresh chats and stage 9's
+# together. New chats make each stage's data, so no stage regenerates an earlier one's; a stage
+# that adds earlier caches (8, 10) reads them, so they must still exist.
 # Everything lives outside the clone, keyed by the arguments: the sharded caches, the training
 # states (checkpointed every 100 steps) and the drafts. Rerunning `make draft` after a kill or
 # a reboot continues where it stopped; a finished stage is reused, and its earlier stages are
@@ -68,26 +70,6 @@ DRAFT_STAGE8_ARGS ?= --first-conversation 8634 --teacher-tokens 340000 --steps 3
 DRAFT_STAGE9_ARGS ?= --first-conversation 12600 --teacher-tokens 500000 --steps 2000 --lr 2e-4 --threads 2
 DRAFT_STAGE10_ARGS ?= --first-conversation 15302 --teacher-tokens 340000 --steps 3000 --lr 2e-4 --threads 2
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
-STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
-STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
-STAGE2_KEY = $(shell echo '$(STAGE1_KEY) $(DRAFT_ANSWER_ARGS)' | sha256sum | cut -c1-12)
-STAGE2_DIR ?= $(DRAFT_HOME)/drafts/smollm2-answers-$(STAGE2_KEY)
-STAGE3_KEY = $(shell echo '$(STAGE2_KEY) $(DRAFT_MORE_ARGS)' | sha256sum | cut -c1-12)
-STAGE3_DIR ?= $(DRAFT_HOME)/drafts/smollm2-more-$(STAGE3_KEY)
-STAGE4_KEY = $(shell echo '$(STAGE3_KEY) $(DRAFT_NEW_ARGS)' | sha256sum | cut -c1-12)
-STAGE4_DIR ?= $(DRAFT_HOME)/drafts/smollm2-new-$(STAGE4_KEY)
-STAGE5_KEY = $(shell echo '$(STAGE4_KEY) $(DRAFT_STAGE5_ARGS)' | sha256sum | cut -c1-12)
-STAGE5_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage5-$(STAGE5_KEY)
-STAGE6_KEY = $(shell echo '$(STAGE5_KEY) $(DRAFT_STAGE6_ARGS)' | sha256sum | cut -c1-12)
-STAGE6_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage6-$(STAGE6_KEY)
-STAGE7_KEY = $(shell echo '$(STAGE6_KEY) $(DRAFT_STAGE7_ARGS)' | sha256sum | cut -c1-12)
-STAGE7_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage7-$(STAGE7_KEY)
-STAGE8_KEY = $(shell echo '$(STAGE7_KEY) $(DRAFT_STAGE8_ARGS)' | sha256sum | cut -c1-12)
-STAGE8_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage8-$(STAGE8_KEY)
-STAGE9_KEY = $(shell echo '$(STAGE8_KEY) $(DRAFT_STAGE9_ARGS)' | sha256sum | cut -c1-12)
-STAGE9_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage9-$(STAGE9_KEY)
-DRAFT_KEY = $(shell echo '$(STAGE9_KEY) $(DRAFT_STAGE10_ARGS)' | sha256sum | cut -c1-12)
-DRAFT_DIR ?= $(DRAFT_HOME)/drafts/smollm2-stage10-$(DRAFT_KEY)
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
 ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
 NEW_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from1816
@@ -97,81 +79,49 @@ STAGE7_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-fro
 STAGE8_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from8634
 STAGE9_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from12600
 STAGE10_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from15302
-TRAIN := OMP_NUM_THREADS=1 $(PY) -m eagle3_backend train --target bundled --dataset sharegpt
+# OMP_NUM_THREADS for an `eagle3 train` command line: its last --threads (1 when none).
+threads = $(lastword 1 $(patsubst --threads=%,%,$(filter --threads=%,$(subst --threads ,--threads=,$(1)))))
+train = OMP_NUM_THREADS=$(call threads,$(1)) $(PY) -m eagle3_backend train --target bundled --dataset sharegpt $(1)
 
+STAGE1_KEY = $(shell echo '$(DRAFT_TRAIN_ARGS)' | sha256sum | cut -c1-12)
+STAGE1_DIR ?= $(DRAFT_HOME)/drafts/smollm2-$(STAGE1_KEY)
 draft-stage1: setup
 	@if [ -f $(STAGE1_DIR)/train_report.json ]; then echo "draft stage 1: $(STAGE1_DIR) (cached)"; else \
-		$(TRAIN) $(DRAFT_TRAIN_ARGS) --teacher-cache $(TEACHER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-$(STAGE1_KEY) --out $(STAGE1_DIR) --force; fi
+		$(call train,$(DRAFT_TRAIN_ARGS) --teacher-cache $(TEACHER_CACHE) \
+			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-$(STAGE1_KEY) --out $(STAGE1_DIR) --force); fi
 
-# A stage's earlier stage is made only when the stage itself is not cached, on a line of its own
-# so that `make -n` prints the commands and runs none.
-draft-stage2: setup
-	@[ -f $(STAGE2_DIR)/train_report.json ] || $(MAKE) draft-stage1
-	@if [ -f $(STAGE2_DIR)/train_report.json ]; then echo "draft stage 2: $(STAGE2_DIR) (cached)"; else \
-		$(TRAIN) $(DRAFT_ANSWER_ARGS) --init-from $(STAGE1_DIR) \
-			--teacher-cache $(ANSWER_CACHE) --checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-answers-$(STAGE2_KEY) \
-			--out $(STAGE2_DIR) --force; fi
-
-draft-stage3: setup
-	@[ -f $(STAGE3_DIR)/train_report.json ] || $(MAKE) draft-stage2
-	@if [ -f $(STAGE3_DIR)/train_report.json ]; then echo "draft stage 3: $(STAGE3_DIR) (cached)"; else \
-		$(TRAIN) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) --init-from $(STAGE2_DIR) \
-			--teacher-cache $(ANSWER_CACHE) --checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-more-$(STAGE3_KEY) \
-			--out $(STAGE3_DIR) --force; fi
-
-draft-stage4: setup
-	@[ -f $(STAGE4_DIR)/train_report.json ] || $(MAKE) draft-stage3
-	@if [ -f $(STAGE4_DIR)/train_report.json ]; then echo "draft stage 4: $(STAGE4_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_NEW_ARGS) \
-			--init-from $(STAGE3_DIR) --teacher-cache $(NEW_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-new-$(STAGE4_KEY) --out $(STAGE4_DIR) --force; fi
-
-draft-stage5: setup
-	@[ -f $(STAGE5_DIR)/train_report.json ] || $(MAKE) draft-stage4
-	@if [ -f $(STAGE5_DIR)/train_report.json ]; then echo "draft stage 5: $(STAGE5_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE5_ARGS) \
-			--init-from $(STAGE4_DIR) --teacher-cache $(STAGE5_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage5-$(STAGE5_KEY) --out $(STAGE5_DIR) --force; fi
-
-draft-stage6: setup
-	@[ -f $(STAGE6_DIR)/train_report.json ] || $(MAKE) draft-stage5
-	@if [ -f $(STAGE6_DIR)/train_report.json ]; then echo "draft stage 6: $(STAGE6_DIR) (cached)"; else \
-		$(TRAIN) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE6_ARGS) \
-			--init-from $(STAGE5_DIR) --teacher-cache $(STAGE6_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage6-$(STAGE6_KEY) --out $(STAGE6_DIR) --force; fi
-
-draft-stage7: setup
-	@[ -f $(STAGE7_DIR)/train_report.json ] || $(MAKE) draft-stage6
-	@if [ -f $(STAGE7_DIR)/train_report.json ]; then echo "draft stage 7: $(STAGE7_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE7_ARGS) \
-			--init-from $(STAGE6_DIR) --teacher-cache $(STAGE7_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage7-$(STAGE7_KEY) --out $(STAGE7_DIR) --force; fi
-
-# Stage 8 trains on its new chats and on stages 5-7's caches together (--add-teacher-cache).
-draft-stage8: setup
-	@[ -f $(STAGE8_DIR)/train_report.json ] || $(MAKE) draft-stage7
-	@if [ -f $(STAGE8_DIR)/train_report.json ]; then echo "draft stage 8: $(STAGE8_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE8_ARGS) \
-			--add-teacher-cache $(STAGE5_ANSWER_CACHE) --add-teacher-cache $(STAGE6_ANSWER_CACHE) \
-			--add-teacher-cache $(STAGE7_ANSWER_CACHE) --init-from $(STAGE7_DIR) --teacher-cache $(STAGE8_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage8-$(STAGE8_KEY) --out $(STAGE8_DIR) --force; fi
-
-# Stage 9: 500k tokens of fresh chats only, at a third of the learning rate, from stage 8.
-draft-stage9: setup
-	@[ -f $(STAGE9_DIR)/train_report.json ] || $(MAKE) draft-stage8
-	@if [ -f $(STAGE9_DIR)/train_report.json ]; then echo "draft stage 9: $(STAGE9_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE9_ARGS) \
-			--init-from $(STAGE8_DIR) --teacher-cache $(STAGE9_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage9-$(STAGE9_KEY) --out $(STAGE9_DIR) --force; fi
-
-# Stage 10: the next fresh chats and stage 9's together, from stage 9.
-draft: setup
-	@[ -f $(DRAFT_DIR)/train_report.json ] || $(MAKE) draft-stage9
-	@if [ -f $(DRAFT_DIR)/train_report.json ]; then echo "draft: $(DRAFT_DIR) (cached)"; else \
-		$(subst OMP_NUM_THREADS=1,OMP_NUM_THREADS=2,$(TRAIN)) $(DRAFT_ANSWER_ARGS) $(DRAFT_MORE_ARGS) $(DRAFT_STAGE10_ARGS) \
-			--add-teacher-cache $(STAGE9_ANSWER_CACHE) --init-from $(STAGE9_DIR) --teacher-cache $(STAGE10_ANSWER_CACHE) \
-			--checkpoint-dir $(DRAFT_HOME)/train-state/smollm2-stage10-$(DRAFT_KEY) --out $(DRAFT_DIR) --force; fi
+# $(call stage,N,NAME,ARGS,CACHE,ADDED): `make draft-stageN` trains stage N from stage N-1's
+# weights with the variables ARGS (later flags win; the last variable is the stage's own and,
+# with stage N-1's key, keys its directories) on the answer cache CACHE and the earlier stages'
+# caches ADDED. Stage N-1 is made only when stage N is not cached, on a line of its own so that
+# `make -n` prints the commands and runs none.
+define stage
+STAGE$(1)_KEY = $$(shell echo '$$(STAGE$(call prev,$(1))_KEY) $$($(lastword $(3)))' | sha256sum | cut -c1-12)
+STAGE$(1)_DIR ?= $$(DRAFT_HOME)/drafts/smollm2-$(2)-$$(STAGE$(1)_KEY)
+draft-stage$(1): setup
+	@[ -f $$(STAGE$(1)_DIR)/train_report.json ] || $$(MAKE) draft-stage$(call prev,$(1))
+	@if [ -f $$(STAGE$(1)_DIR)/train_report.json ]; then echo "draft stage $(1): $$(STAGE$(1)_DIR) (cached)"; else \
+		$$(call train,$(foreach v,$(3),$$($(v))) $(foreach c,$(5),--add-teacher-cache $$($(c))) \
+			--init-from $$(STAGE$(call prev,$(1))_DIR) --teacher-cache $$($(4)) \
+			--checkpoint-dir $$(DRAFT_HOME)/train-state/smollm2-$(2)-$$(STAGE$(1)_KEY) --out $$(STAGE$(1)_DIR) --force); fi
+endef
+# stage N-1 (stages up to 19)
+prev = $(word $(1),0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19)
+STAGE_ARGS := DRAFT_ANSWER_ARGS DRAFT_MORE_ARGS
+$(eval $(call stage,2,answers,DRAFT_ANSWER_ARGS,ANSWER_CACHE))
+$(eval $(call stage,3,more,$(STAGE_ARGS),ANSWER_CACHE))
+$(eval $(call stage,4,new,$(STAGE_ARGS) DRAFT_NEW_ARGS,NEW_ANSWER_CACHE))
+$(eval $(call stage,5,stage5,$(STAGE_ARGS) DRAFT_STAGE5_ARGS,STAGE5_ANSWER_CACHE))
+$(eval $(call stage,6,stage6,$(STAGE_ARGS) DRAFT_STAGE6_ARGS,STAGE6_ANSWER_CACHE))
+$(eval $(call stage,7,stage7,$(STAGE_ARGS) DRAFT_STAGE7_ARGS,STAGE7_ANSWER_CACHE))
+# stage 8 trains on its new chats and on stages 5-7's caches together
+$(eval $(call stage,8,stage8,$(STAGE_ARGS) DRAFT_STAGE8_ARGS,STAGE8_ANSWER_CACHE,STAGE5_ANSWER_CACHE STAGE6_ANSWER_CACHE STAGE7_ANSWER_CACHE))
+# stage 9: 500k tokens of fresh chats only, at a third of the learning rate
+$(eval $(call stage,9,stage9,$(STAGE_ARGS) DRAFT_STAGE9_ARGS,STAGE9_ANSWER_CACHE))
+# stage 10: the next fresh chats and stage 9's together
+$(eval $(call stage,10,stage10,$(STAGE_ARGS) DRAFT_STAGE10_ARGS,STAGE10_ANSWER_CACHE,STAGE9_ANSWER_CACHE))
+DRAFT_DIR ?= $(STAGE10_DIR)
+draft: draft-stage10
 
 ship-draft: draft
 	mkdir -p $(SHIPPED_DRAFT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 from eagle3_backend.checkpoint import load_draft
@@ -16,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "drafts" / "smollm2-135m-eagle3"
 
 
-def _makefile() -> str:
-    """The Makefile with its continuation lines joined."""
-    return (ROOT / "Makefile").read_text().replace("\\\n", " ")
-
-
-def _make_var(name: str) -> list[str]:
-    """A `NAME ?= ...` variable of the Makefile, as words."""
-    return shlex.split(re.search(rf"^{name} \?= (.*)$", _makefile(), re.M).group(1))
+def _make_draft_command() -> list[str]:
+    """The `eagle3 train` command `make draft` runs for its last stage, as make prints it
+    (`make -n`: every stage's command, none run; the last stage's comes last)."""
+    printed = subprocess.run(["make", "-n", "draft"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.replace("\\\n", " ")
+    train = [line for line in printed.splitlines() if "-m eagle3_backend train" in line][-1]
+    words = shlex.split(re.search(r"\belse\s+(.*?);\s*fi\s*$", train).group(1))
+    return words[words.index("train") + 1:]
 
 
 def test_the_shipped_draft_loads_strictly_for_the_bundled_target(bundled_gguf, capsys):
@@ -48,34 +49,26 @@ def _flags(words: list[str]) -> dict[str, str | bool]:
     return got
 
 
-def _draft_rule() -> str:
-    """The Makefile's `draft:` rule (the last stage), continuation lines joined."""
-    return re.search(r"^draft: .*?(?=^\S)", _makefile(), re.M | re.S).group(0)
-
-
-def _last_stage_args() -> str:
-    """The name of the args variable the Makefile's `draft:` rule trains with."""
-    return re.findall(r"\$\((DRAFT_STAGE\d+_ARGS)\)", _draft_rule())[-1]
-
-
 def test_the_shipped_draft_was_trained_by_the_makefile_recipe():
-    """make draft's last stage runs DRAFT_ANSWER_ARGS, DRAFT_MORE_ARGS, then its own stage's
-    args (the later flag wins) from the previous stage's weights: every one of those flags is in
-    the report's command with the same value, and it started from a draft (--init-from)."""
-    got = _flags(shlex.split(json.loads((SHIPPED / "train_report.json").read_text())["command"]))
-    stage = _make_var(_last_stage_args())
-    want = _flags(_make_var("DRAFT_ANSWER_ARGS") + _make_var("DRAFT_MORE_ARGS") + stage)
-    assert "--first-conversation" in stage
+    """The report's command is the one `make draft` runs for its last stage: every flag of
+    it with the same value (a float flag equal as a number), started from the stage before it
+    (--init-from), and trained on every earlier stage's cache the Makefile adds, each over
+    chats of its own that end where this stage's begin."""
+    report = json.loads((SHIPPED / "train_report.json").read_text())
+    got = _flags(shlex.split(report["command"]))
+    make = _make_draft_command()
+    want = _flags(make)
+    assert "--first-conversation" in want and "--init-from" in want
+    paths = {"--init-from", "--teacher-cache", "--add-teacher-cache", "--checkpoint-dir", "--out"}
     for word, value in want.items():
+        if word in paths:  # where the make run keeps them; the report records its own
+            assert word in got, word
+            continue
         have = got.get(word)
         assert have == value or (isinstance(value, str) and isinstance(have, str)
                                  and float(have) == float(value)), (word, have, value)
-    assert "--init-from" in got
-    # every earlier stage's cache the rule adds was trained on, each over chats of its own
-    rule = _draft_rule()
-    added = json.loads((SHIPPED / "train_report.json").read_text())["data"]["teacher"].get(
-        "added_caches", [])
-    assert len(added) == rule.count("--add-teacher-cache")
+    added = report["data"]["teacher"].get("added_caches", [])
+    assert len(added) == make.count("--add-teacher-cache")
     spans = sorted(tuple(a["conversations"]) for a in added)
     assert all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
-    assert all(b <= int(stage[stage.index("--first-conversation") + 1]) for _, b in spans)
+    assert all(b <= int(want["--first-conversation"]) for _, b in spans)
