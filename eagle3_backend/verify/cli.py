@@ -206,6 +206,13 @@ def _print_eval(r: dict[str, Any]) -> None:
     print(f"tok/s speculative     {_fmt(r['tokens_per_s'])}")
     print(f"tok/s target only     {_fmt(r['baseline_tokens_per_s'])}")
     print(f"speedup               {_fmt(r['speedup'])}x")
+    ms = r.get("step_ms") or {}
+    if ms.get("step") is not None:
+        cost = (f" = {_fmt(ms['step_cost'])} decode steps of {_fmt(ms['decode'], '.1f')} ms"
+                if ms.get("step_cost") is not None else "")
+        print(f"verify step           {_fmt(ms['step'], '.1f')} ms: draft {_fmt(ms['draft'], '.1f')}"
+              f", target forward {_fmt(ms['verify'], '.1f')}, accept {_fmt(ms['accept'], '.1f')}"
+              f"{cost}")
     if r["outputs_identical"] is not None:
         print(f"outputs identical     {r['outputs_identical']} "
               f"(agreement {_fmt(r['agreement_rate'], '.0%')} of prompts)")

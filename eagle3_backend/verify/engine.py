@@ -41,7 +41,14 @@ from eagle3_backend.verify.tree import DraftTree, SpecSettings, draft_tree
 
 logger = logging.getLogger(__name__)
 
+# Where a request's seconds go. Target-only: the prompt's forward, then one forward a token.
+# Speculative: the prompt's forward, then per verify step the draft (extend + tree), the
+# target's forward over the tree, and the acceptance with its cache rollback.
+PHASES = {"target-only": ("prefill", "decode"),
+          "speculative": ("prefill", "draft", "verify", "accept")}
+
 __all__ = [
+    "PHASES",
     "GenerationResult",
     "SpeculativeEngine",
     "attach_draft",
@@ -57,7 +64,9 @@ class GenerationResult:
     """One request's output and counters.
 
     ``accepted_per_step[i]`` = draft tokens accepted by verify step i (the bonus
-    token not counted); ``verify_steps == len(accepted_per_step)``.
+    token not counted); ``verify_steps == len(accepted_per_step)``. ``phases``: where
+    ``seconds`` went, by :data:`PHASES` (each phase ends on a device synchronisation; what
+    the loop spends outside them is not in any).
     """
 
     tokens: list[int]
@@ -65,6 +74,7 @@ class GenerationResult:
     prompt_tokens: int
     verify_steps: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def completion_tokens(self) -> int:
@@ -239,6 +249,7 @@ def generate_target_only(
     pos = torch.arange(len(prompt_ids), device=device)[None]
     logits = _causal_lm_forward(target, ids, pos, cache, last_only=True)
     out = [_pick(logits[-1], temperature, gen)]
+    t1 = time.perf_counter()
     while len(out) < max_new_tokens and out[-1] not in eos:
         p = len(prompt_ids) + len(out) - 1
         ids = torch.tensor([[out[-1]]], dtype=torch.long, device=device)
@@ -246,8 +257,9 @@ def generate_target_only(
         logits = _causal_lm_forward(target, ids, pos, cache)
         out.append(_pick(logits[-1], temperature, gen))
     _sync(device)
-    return GenerationResult(tokens=out, seconds=time.perf_counter() - t0,
-                            prompt_tokens=len(prompt_ids))
+    t2 = time.perf_counter()
+    return GenerationResult(tokens=out, seconds=t2 - t0, prompt_tokens=len(prompt_ids),
+                            phases={"prefill": t1 - t0, "decode": t2 - t1})
 
 
 # --------------------------------------------------------------------------- verification
@@ -346,6 +358,7 @@ class SpeculativeEngine:
         _check_length(target, n + max_new_tokens + s.speculative_num_draft_tokens)
         gen = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
         accepted_per_step: list[int] = []
+        phases = dict.fromkeys(PHASES["speculative"], 0.0)
         _sync(device)
         t0 = time.perf_counter()
         with HiddenCapture(target.model, self.layout) as capture:
@@ -359,18 +372,29 @@ class SpeculativeEngine:
                 1, n + max_new_tokens + 2 * s.speculative_num_steps * s.speculative_eagle_topk + 2)
             ext_ids = prompt_ids[1:] + out                              # pairs (x_{i+1}, h_i)
             ext_hidden = aux
+            marks = [time.perf_counter()]                               # phase boundaries
+            phases["prefill"] = marks[0] - t0
             while len(out) < max_new_tokens and out[-1] not in eos:
+                marks = marks[-1:]
                 tree = self._propose(out, ext_ids, ext_hidden, draft_cache)
+                _sync(device)
+                marks.append(time.perf_counter())
                 prefix = n + len(out) - 1                               # root position
                 positions = prefix + torch.tensor(tree.depths, device=device)[None]
                 logits = _causal_lm_forward(target, tree.tokens[None].to(device), positions,
                                             cache, mask=tree.attention_mask(prefix, device))
                 aux = capture.take()[0]                                 # [N, K*Ht]
+                _sync(device)
+                marks.append(time.perf_counter())
                 rows, next_token = self._accept(tree, logits, temperature, gen)
                 keep_cache_rows(cache, prefix, rows)
                 new = tree.tokens[rows[1:]].tolist() + [next_token]
                 accepted_per_step.append(len(rows) - 1)
                 out.extend(new)
+                _sync(device)
+                marks.append(time.perf_counter())
+                for name, start, end in zip(("draft", "verify", "accept"), marks, marks[1:]):
+                    phases[name] += end - start
                 if not eos.isdisjoint(new):  # an accepted draft token may be the eos
                     break
                 ext_ids, ext_hidden = new, aux[rows]
@@ -379,6 +403,7 @@ class SpeculativeEngine:
         return GenerationResult(
             tokens=_truncate(out, max_new_tokens, eos), seconds=seconds, prompt_tokens=n,
             verify_steps=len(accepted_per_step), accepted_per_step=accepted_per_step,
+            phases=phases,
         )
 
     def _propose(self, out: list[int], ext_ids: list[int], ext_hidden: torch.Tensor,

@@ -17,7 +17,12 @@ from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.model import Eagle3DraftModel
 from eagle3_backend.verify.datasets import Prompt, render_prompt
 from eagle3_backend.verify.engine import SpeculativeEngine, generate_target_only
-from eagle3_backend.verify.metrics import acceptance_by_category, acceptance_length, summarize
+from eagle3_backend.verify.metrics import (
+    acceptance_by_category,
+    acceptance_length,
+    step_breakdown,
+    summarize,
+)
 from eagle3_backend.verify.targets import Target
 from eagle3_backend.verify.tree import SpecSettings
 
@@ -92,6 +97,10 @@ def evaluate(
         [r.seconds for r in base_runs] if baseline else None,
     )
     result = metrics.to_dict()
+    result["step_ms"] = step_breakdown(
+        [r.phases for r in spec_runs], metrics.verify_steps,
+        [r.phases for r in base_runs] if baseline else None,
+        [r.completion_tokens for r in base_runs] if baseline else None)
     compared = [row["identical"] for row in per_prompt if "identical" in row]
     result["outputs_identical"] = all(compared) if compared else None
     result["agreement_rate"] = sum(compared) / len(compared) if compared else None

@@ -11,6 +11,9 @@
 * tok/s = completion tokens / wall seconds (prefill included), summed over
   requests; speedup = speculative tok/s / target-only tok/s, same prompts,
   same process.
+* step cost (this project's, offline only) = milliseconds of a verify step (draft +
+  target verify forward + acceptance) / milliseconds of a target-only decode step: away
+  from the prefills, speedup = acceptance length / step cost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ __all__ = [
     "acceptance_histogram",
     "acceptance_length",
     "acceptance_rate_by_position",
+    "step_breakdown",
     "summarize",
 ]
 
@@ -131,3 +135,29 @@ def summarize(
         baseline_tokens_per_s=base_tps,
         speedup=(tps / base_tps) if base_tps else None,
     )
+
+
+def step_breakdown(spec_phases: Sequence[dict[str, float]], verify_steps: int,
+                   baseline_phases: Sequence[dict[str, float]] | None = None,
+                   baseline_tokens: Sequence[int] | None = None) -> dict[str, float | None]:
+    """Milliseconds a verify step spends in each phase (``draft``, ``verify``, ``accept``:
+    the engine's), their sum ``step``, the speculative ``prefill`` a request; with the
+    target-only runs (their phases and completion tokens: every token after the first is one
+    decode forward) also ``decode`` a token, the ``baseline_prefill`` and the ``step_cost``
+    in decode steps. A figure that has nothing to average is None."""
+    def per(total: float, count: int) -> float | None:
+        return 1000 * total / count if count else None
+
+    out: dict[str, float | None] = {
+        name: per(sum(p.get(name, 0.0) for p in spec_phases), verify_steps)
+        for name in ("draft", "verify", "accept")}
+    out["step"] = None if verify_steps == 0 else sum(out[n] for n in ("draft", "verify", "accept"))
+    out["prefill"] = per(sum(p.get("prefill", 0.0) for p in spec_phases), len(spec_phases))
+    if baseline_phases is not None and baseline_tokens is not None:
+        decodes = sum(max(0, t - 1) for t in baseline_tokens)
+        out["decode"] = per(sum(p.get("decode", 0.0) for p in baseline_phases), decodes)
+        out["baseline_prefill"] = per(sum(p.get("prefill", 0.0) for p in baseline_phases),
+                                      len(baseline_phases))
+        out["step_cost"] = (out["step"] / out["decode"]
+                            if out["step"] is not None and out["decode"] else None)
+    return out

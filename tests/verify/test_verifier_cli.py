@@ -56,6 +56,9 @@ def test_eval_json_fp32_identical_and_files(capsys, tmp_path, tiny_target_dir, d
     assert len(r["acceptance_rate_by_position"]) == 2
     assert sum(r["acceptance_histogram"]) == r["verify_steps"]
     assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
+    ms = r["step_ms"]
+    assert ms["step"] == pytest.approx(ms["draft"] + ms["verify"] + ms["accept"])
+    assert ms["step_cost"] == pytest.approx(ms["step"] / ms["decode"])
     assert r["layout"] == "[layer_input:2, layer_input:4, layer_input:5]"
     saved = json.loads((tmp_path / "res" / "ev.json").read_text())
     assert saved["results"]["n_prompts"] == 2
@@ -319,3 +322,23 @@ def test_a_wrong_dataset_is_named_before_the_target_is_loaded(capsys, tmp_path, 
         assert main([*map(str, argv), "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"eagle3 {argv[0]}: error: {message}"), err
+
+
+def test_eval_prints_where_a_verify_step_goes(capsys):
+    from eagle3_backend.verify.cli import _print_eval
+
+    r = {"n_prompts": 2, "dataset": "mt-bench", "max_new_tokens": 8, "temperature": 0.0,
+         "dtype": "float32", "device": "cpu", "settings": {}, "acceptance_length": 2.0,
+         "completion_tokens": 16, "verify_steps": 8, "acceptance_rate_by_position": [0.5],
+         "acceptance_histogram": [4, 4], "tokens_per_s": 30.0, "baseline_tokens_per_s": 20.0,
+         "speedup": 1.5, "outputs_identical": True, "agreement_rate": 1.0,
+         "step_ms": {"draft": 4.0, "verify": 31.5, "accept": 0.75, "step": 36.25,
+                     "decode": 25.0, "step_cost": 1.45}}
+    _print_eval(r)
+    lines = capsys.readouterr().out.splitlines()
+    assert ("verify step           36.2 ms: draft 4.0, target forward 31.5, accept 0.8 = 1.45 "
+            "decode steps of 25.0 ms") in lines
+    del r["step_ms"]["step_cost"], r["step_ms"]["decode"]  # --no-baseline
+    _print_eval(r)
+    assert "verify step           36.2 ms: draft 4.0, target forward 31.5, accept 0.8" in (
+        capsys.readouterr().out.splitlines())

@@ -9,6 +9,7 @@ import torch
 from eagle3_backend.errors import CheckpointError, LayoutMismatch
 from eagle3_backend.verify.datasets import Prompt, render_prompt
 from eagle3_backend.verify.engine import (
+    PHASES,
     SpeculativeEngine,
     _causal_lm_forward,
     _new_cache,
@@ -53,6 +54,9 @@ def test_baseline_is_plain_greedy(smol_target, encoded, baseline):
             ids.append(tok)
     assert baseline[0].completion_tokens == NEW_TOKENS
     assert smol_target.tokenizer.decode(baseline[0].tokens).strip() != ""
+    for run in baseline:  # the prompt's forward, then the decode loop: the whole run
+        assert tuple(run.phases) == PHASES["target-only"] and min(run.phases.values()) > 0
+        assert sum(run.phases.values()) == pytest.approx(run.seconds, rel=1e-9)
 
 
 @pytest.mark.parametrize("settings", [SpecSettings(3, 1), SpecSettings(3, 4, 8)],
@@ -67,6 +71,9 @@ def test_greedy_spec_identical_to_target_fp32(smol_target, encoded, baseline, ra
         # every step commits accepted + 1 tokens; the prefill commits the first one
         assert 1 + sum(a + 1 for a in res.accepted_per_step) >= res.completion_tokens
         assert all(0 <= a <= settings.speculative_num_steps for a in res.accepted_per_step)
+        # the phases are disjoint spans of the run, each of them spent on every step
+        assert tuple(res.phases) == PHASES["speculative"] and min(res.phases.values()) > 0
+        assert sum(res.phases.values()) <= res.seconds
 
 
 class OracleEngine(SpeculativeEngine):

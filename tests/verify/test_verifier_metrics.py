@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3_backend.verify.metrics import (
+    step_breakdown,
     acceptance_by_category,
     acceptance_histogram,
     acceptance_length,
@@ -57,3 +58,19 @@ def test_summarize_two_requests():
     assert d["speedup"] == 2.0 and d["acceptance_histogram"] == [1, 1, 1, 1]
     no_base = summarize([3], [1.0], [[1]], 2)
     assert no_base.baseline_tokens_per_s is None and no_base.speedup is None
+
+
+def test_step_breakdown_averages_phases_over_steps_and_decodes():
+    # two requests: 3 + 1 verify steps; target-only 5 + 2 tokens = 4 + 1 decode forwards
+    spec = [{"prefill": 0.5, "draft": 0.03, "verify": 0.09, "accept": 0.006},
+            {"prefill": 0.25, "draft": 0.01, "verify": 0.03, "accept": 0.002}]
+    base = [{"prefill": 0.25, "decode": 0.1}, {"prefill": 0.25, "decode": 0.025}]
+    ms = step_breakdown(spec, 4, base, [5, 2])
+    assert ms["draft"] == pytest.approx(10.0) and ms["verify"] == pytest.approx(30.0)
+    assert ms["accept"] == pytest.approx(2.0) and ms["step"] == pytest.approx(42.0)
+    assert ms["prefill"] == pytest.approx(375.0) and ms["baseline_prefill"] == pytest.approx(250.0)
+    assert ms["decode"] == pytest.approx(25.0) and ms["step_cost"] == pytest.approx(1.68)
+    alone = step_breakdown(spec, 4)
+    assert "step_cost" not in alone and alone["step"] == pytest.approx(42.0)
+    nothing = step_breakdown([{"prefill": 0.1}], 0, [{"prefill": 0.1, "decode": 0.0}], [1])
+    assert nothing["step"] is None and nothing["decode"] is None and nothing["step_cost"] is None
