@@ -63,3 +63,34 @@ def test_sse_events_reads_data_lines_until_done():
              b"data: [DONE]\n", b'data: {"text": "after"}\n']
     assert sse_events(lines) == ([{"text": "a"}, {"text": "ab"}], True)
     assert sse_events(lines[:4]) == ([{"text": "a"}, {"text": "ab"}], False)  # cut off: no [DONE]
+
+
+@pytest.mark.server
+@pytest.mark.sglang
+def test_a_taken_port_is_refused_when_chosen_and_replaced_when_picked(family_target, plugin_site,
+                                                                     tmp_path, monkeypatch):
+    """Another process listens on the port. Chosen by the caller: SGLang fails to bind it, and
+    start() stops the server and says which port is taken. Picked by CpuServer itself (taken
+    between the pick and the bind, as a parallel test can): it starts again on a fresh one."""
+    import socket
+
+    from cpu_testutil import START_TIMEOUT, family_spec
+
+    from eagle3_backend.cpu import launch
+
+    spec = family_spec(family_target("llama"))
+    paths = {"pythonpath": (str(plugin_site), str(REPO)), "start_timeout": START_TIMEOUT}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        chosen = launch.CpuServer(spec, tmp_path / "chosen.log", port=port, **paths)
+        with pytest.raises(launch.ServerError, match=f"port {port} is already in use by another process"):
+            chosen.start()
+        assert launch.BIND_ERROR in chosen.log_text() and chosen.proc.poll() is not None
+        picks = iter([port, launch.free_port()])
+        monkeypatch.setattr(launch, "free_port", lambda: next(picks))
+        with launch.CpuServer(spec, tmp_path / "picked.log", **paths) as server:
+            assert server.port != port
+            out = server.generate([101, 2002, 303, 4004], 4, timeout=120)
+    assert len(out["output_ids"]) == 4
