@@ -30,6 +30,7 @@ import torch
 
 from eagle3_backend.errors import TargetError
 from eagle3_backend.model import Eagle3DraftModel
+from eagle3_backend.verify.metrics import STEP_PHASES
 from eagle3_backend.verify.sampling import (
     chain_speculative_sampling,
     probs_from_logits,
@@ -42,10 +43,8 @@ from eagle3_backend.verify.tree import DraftTree, SpecSettings, draft_tree
 logger = logging.getLogger(__name__)
 
 # Where a request's seconds go. Target-only: the prompt's forward, then one forward a token.
-# Speculative: the prompt's forward, then per verify step the draft (extend + tree), the
-# target's forward over the tree, and the acceptance with its cache rollback.
-PHASES = {"target-only": ("prefill", "decode"),
-          "speculative": ("prefill", "draft", "verify", "accept")}
+# Speculative: the prompt's forward, then the phases of every verify step.
+PHASES = {"target-only": ("prefill", "decode"), "speculative": ("prefill", *STEP_PHASES)}
 
 __all__ = [
     "PHASES",
@@ -393,7 +392,7 @@ class SpeculativeEngine:
                 out.extend(new)
                 _sync(device)
                 marks.append(time.perf_counter())
-                for name, start, end in zip(("draft", "verify", "accept"), marks, marks[1:]):
+                for name, start, end in zip(STEP_PHASES, marks, marks[1:]):
                     phases[name] += end - start
                 if not eos.isdisjoint(new):  # an accepted draft token may be the eos
                     break

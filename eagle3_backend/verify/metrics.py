@@ -21,7 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+# The phases of one verify step, in order (the offline engine times each): the draft (extend
+# and tree), the target's forward over the tree, the acceptance with its KV rollback.
+STEP_PHASES = ("draft", "verify", "accept")
+
 __all__ = [
+    "STEP_PHASES",
     "SpecMetrics",
     "acceptance_by_category",
     "acceptance_histogram",
@@ -140,18 +145,17 @@ def summarize(
 def step_breakdown(spec_phases: Sequence[dict[str, float]], verify_steps: int,
                    baseline_phases: Sequence[dict[str, float]] | None = None,
                    baseline_tokens: Sequence[int] | None = None) -> dict[str, float | None]:
-    """Milliseconds a verify step spends in each phase (``draft``, ``verify``, ``accept``:
-    the engine's), their sum ``step``, the speculative ``prefill`` a request; with the
-    target-only runs (their phases and completion tokens: every token after the first is one
-    decode forward) also ``decode`` a token, the ``baseline_prefill`` and the ``step_cost``
-    in decode steps. A figure that has nothing to average is None."""
+    """Milliseconds a verify step spends in each of :data:`STEP_PHASES`, their sum ``step``,
+    the speculative ``prefill`` a request; with the target-only runs (their phases and
+    completion tokens: every token after the first is one decode forward) also ``decode`` a
+    token, the ``baseline_prefill`` and the ``step_cost`` in decode steps. A figure that has
+    nothing to average is None."""
     def per(total: float, count: int) -> float | None:
         return 1000 * total / count if count else None
 
     out: dict[str, float | None] = {
-        name: per(sum(p.get(name, 0.0) for p in spec_phases), verify_steps)
-        for name in ("draft", "verify", "accept")}
-    out["step"] = None if verify_steps == 0 else sum(out[n] for n in ("draft", "verify", "accept"))
+        name: per(sum(p.get(name, 0.0) for p in spec_phases), verify_steps) for name in STEP_PHASES}
+    out["step"] = None if verify_steps == 0 else sum(out[n] for n in STEP_PHASES)
     out["prefill"] = per(sum(p.get("prefill", 0.0) for p in spec_phases), len(spec_phases))
     if baseline_phases is not None and baseline_tokens is not None:
         decodes = sum(max(0, t - 1) for t in baseline_tokens)
