@@ -28,6 +28,25 @@ def capture_into_ref(
     return buffer
 
 
+def greedy_path(tokens: list[int], first_child: list[int], next_sibling: list[int],
+                target: list[int], max_accept: int) -> list[int]:
+    """One request's greedy walk (the rule :func:`verify_tree_greedy_ref` states), on host
+    lists: node i holds draft token ``tokens[i]``, ``target[i]`` is the target's token after
+    node i. Returns the accepted nodes, the root (node 0) first, at most ``max_accept``."""
+    path = [0]
+    node = 0
+    while len(path) < max_accept:
+        want = target[node]
+        child = first_child[node]
+        while child != -1 and tokens[child] != want:
+            child = next_sibling[child]
+        if child == -1:
+            break
+        path.append(child)
+        node = child
+    return path
+
+
 def verify_tree_greedy_ref(
     predicts: torch.Tensor,
     accept_index: torch.Tensor,
@@ -72,21 +91,11 @@ def verify_tree_greedy_ref(
     new_accept: list[list[int]] = []
     num_accepted: list[int] = []
     for b in range(len(cand)):
-        last_row = rows[b][0]
-        accepted = [last_row]
-        node = 0
-        for _level in range(1, max_accept):
-            want = target_flat[last_row]
-            child = first_child[b][node]
-            while child != -1 and cand[b][child] != want:
-                child = next_sibling[b][child]
-            if child == -1:
-                break
-            new_predicts[last_row] = want
-            last_row = rows[b][child]
-            accepted.append(last_row)
-            node = child
-        new_predicts[last_row] = target_flat[last_row]
+        target_row = [target_flat[r] for r in rows[b]]
+        nodes = greedy_path(cand[b], first_child[b], next_sibling[b], target_row, max_accept)
+        accepted = [rows[b][node] for node in nodes]
+        for r in accepted:
+            new_predicts[r] = target_flat[r]
         new_accept.append(accepted)
         num_accepted.append(len(accepted) - 1)
 

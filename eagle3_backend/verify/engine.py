@@ -30,6 +30,7 @@ import torch
 
 from eagle3_backend.errors import TargetError
 from eagle3_backend.model import Eagle3DraftModel
+from eagle3_backend.ops.reference import greedy_path
 from eagle3_backend.verify.metrics import STEP_PHASES
 from eagle3_backend.verify.sampling import (
     chain_speculative_sampling,
@@ -112,15 +113,52 @@ def _causal_lm_forward(
 
 def _new_cache(target: Target, capacity: int = 256) -> Any:
     """A transformers DynamicCache for ``target`` whose full-attention layers are
-    :func:`in_place_layer` ones with room for ``capacity`` positions (more when needed)."""
+    :func:`in_place_layer` ones with room for ``capacity`` positions (more when needed), their
+    keys and values slices of one allocation where the layers' shapes agree."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=target.model.config)
     layer_class = in_place_layer()
-    cache.layers = [layer_class(capacity) if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
+    full = [i for i, layer in enumerate(cache.layers) if type(layer) is DynamicLayer]
+    arena = _Arena(len(full), capacity)
+    for slot, i in enumerate(full):
+        cache.layers[i] = layer_class(capacity, arena, slot)
     return cache
+
+
+class _Arena:
+    """Storage [layers, 2, B, Hkv, capacity, D] shared by a cache's in-place layers, so that a
+    rollback moves the accepted rows of every layer in one copy (:func:`keep_cache_rows`)
+    instead of four small ops a layer. A layer whose keys differ in shape, dtype or device
+    from the first one's (or from its values) gets buffers of its own."""
+
+    def __init__(self, layers: int, capacity: int) -> None:
+        self.layers, self.capacity = layers, capacity
+        self.storage: torch.Tensor | None = None
+
+    def buffers(self, slot: int, key: torch.Tensor, value: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        shape = (*key.shape[:2], self.capacity, key.shape[-1])
+        if value.shape != key.shape or value.dtype != key.dtype or value.device != key.device:
+            return None
+        if self.storage is None:
+            self.storage = key.new_empty((self.layers, 2, *shape))
+        elif (self.storage.shape[2:] != shape or self.storage.dtype != key.dtype
+              or self.storage.device != key.device):
+            return None
+        return self.storage[slot, 0], self.storage[slot, 1]
+
+    @staticmethod
+    def holding(layers: list[Any]) -> "_Arena | None":
+        """The arena whose storage holds all of ``layers`` (initialized cache layers) and no
+        other layer's rows, else None."""
+        arena = getattr(layers[0], "arena", None)
+        if arena is None or arena.storage is None or len(layers) != arena.layers:
+            return None
+        if all(getattr(layer, "arena", None) is arena and layer.shared for layer in layers):
+            return arena
+        return None
 
 
 @functools.cache
@@ -134,14 +172,20 @@ def in_place_layer() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class InPlaceLayer(DynamicLayer):
-        def __init__(self, capacity: int) -> None:
+        def __init__(self, capacity: int, arena: _Arena | None = None, slot: int = 0) -> None:
             super().__init__()
             self.capacity = max(1, int(capacity))
+            self.arena, self.slot = arena, slot
+            self.shared = False   # whether the buffers are slices of ``arena.storage``
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             self.dtype, self.device = key_states.dtype, key_states.device
-            self._buffers = tuple(x.new_empty((*x.shape[:2], self.capacity, x.shape[-1]))
-                                  for x in (key_states, value_states))
+            shared = (self.arena.buffers(self.slot, key_states, value_states)
+                      if self.arena is not None and self.arena.capacity == self.capacity else None)
+            self.shared = shared is not None
+            self._buffers = shared or tuple(
+                x.new_empty((*x.shape[:2], self.capacity, x.shape[-1]))
+                for x in (key_states, value_states))
             self.keys, self.values = (b[..., :0, :] for b in self._buffers)
             self.is_initialized = True
 
@@ -156,17 +200,20 @@ def in_place_layer() -> type:
                 self._buffers = tuple(torch.cat([b[..., :start, :], b.new_empty(
                     (*b.shape[:2], self.capacity - start, b.shape[-1]))], dim=-2)
                     for b in self._buffers)
+                self.shared = False
             for b, x in zip(self._buffers, (key_states, value_states)):
                 b[..., start:end, :].copy_(x)
             self.keys, self.values = (b[..., :end, :] for b in self._buffers)
             return self.keys, self.values
 
-        def keep_rows(self, prefix_len: int, rows: list[int]) -> None:
+        def keep_rows(self, prefix_len: int, rows: list[int],
+                      index: torch.Tensor | None = None) -> None:
             """Keep positions ``[0, prefix_len)`` and then ``prefix_len + r`` for r in rows
-            (ascending): each kept row moves down in place (never onto a later one)."""
+            (ascending): each kept row moves down in place (never onto a later one).
+            ``index``: ``prefix_len + rows`` as a tensor, or None when the rows are already in
+            place (rows == 0, 1, ..; or moved for every layer at once)."""
             end = prefix_len + len(rows)
-            if rows != list(range(len(rows))):
-                index = prefix_len + torch.tensor(rows, dtype=torch.long, device=self.device)
+            if index is not None:
                 for b in self._buffers:
                     b[..., prefix_len:end, :] = b.index_select(-2, index)
             self.keys, self.values = (b[..., :end, :] for b in self._buffers)
@@ -180,31 +227,37 @@ def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
     from transformers.cache_utils import DynamicLayer
 
     contiguous = rows == list(range(len(rows)))
-    index = None
+    in_place = in_place_layer()
     for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, in_place_layer()):
+        if type(layer) not in (DynamicLayer, in_place):
             raise TargetError(
                 f"target KV cache layer {type(layer).__name__} cannot be rolled back to the "
                 "accepted tokens; the offline verifier supports full-attention targets "
                 "(DynamicLayer). Sliding-window / linear-attention targets are not supported."
             )
-        if not layer.is_initialized:
-            continue
-        if isinstance(layer, in_place_layer()):
-            layer.keep_rows(prefix_len, rows)
+    layers = [layer for layer in cache.layers if layer.is_initialized]
+    index, moved = None, False
+    if not contiguous and layers:
+        index = prefix_len + torch.tensor(rows, dtype=torch.long, device=layers[0].keys.device)
+        arena = _Arena.holding(layers)
+        if arena is not None:                          # every layer's rows in one move
+            arena.storage[..., prefix_len:prefix_len + len(rows), :] = \
+                arena.storage.index_select(-2, index)
+            moved = True
+    for layer in layers:
+        if type(layer) is in_place:
+            layer.keep_rows(prefix_len, rows,
+                            None if contiguous or moved else index)
             continue
         if contiguous:
             end = prefix_len + len(rows)
             layer.keys = layer.keys[..., :end, :]
             layer.values = layer.values[..., :end, :]
             continue
-        if index is None or index.device != layer.keys.device:
-            index = torch.cat([
-                torch.arange(prefix_len, device=layer.keys.device),
-                prefix_len + torch.tensor(rows, dtype=torch.long, device=layer.keys.device),
-            ])
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        full = torch.cat([torch.arange(prefix_len, device=layer.keys.device),
+                          index.to(layer.keys.device)])
+        layer.keys = layer.keys.index_select(-2, full)
+        layer.values = layer.values.index_select(-2, full)
 
 
 def _sync(device: torch.device) -> None:
@@ -266,12 +319,17 @@ def verify_greedy(tree: DraftTree, target_predict: torch.Tensor) -> tuple[list[i
     """Greedy acceptance over a tree, SGLang's ``verify_tree_greedy`` contract.
 
     target_predict [N]: the target's argmax after each node. Returns (accepted
-    nodes, root first; the target token after the last one = the bonus).
+    nodes, root first; the target token after the last one = the bonus). On the host the
+    reference's walk runs on Python lists (one request: a few list reads, where the op's
+    tensors cost a dozen small allocations); on a GPU the ``verify_tree_greedy`` op does.
     """
-    try:
-        from eagle3_backend.ops import verify_tree_greedy as verify
-    except ImportError:
-        from eagle3_backend.ops.reference import verify_tree_greedy_ref as verify
+    if target_predict.device.type == "cpu":
+        predict = target_predict.tolist()
+        rows = greedy_path(tree.tokens.tolist(), tree.first_child, tree.next_sibling, predict,
+                           tree.max_depth + 1)
+        return rows, predict[rows[-1]]
+    from eagle3_backend.ops import verify_tree_greedy as verify
+
     n = len(tree)
     dev = target_predict.device
     as_row = lambda xs: torch.tensor([list(xs)], dtype=torch.long, device=dev)  # noqa: E731
@@ -310,10 +368,13 @@ def load_draft_model(path: str | Path, target: Target | None = None,
     for warning in loaded.warnings:
         logger.warning("draft %s: %s", path, warning)
     model = model.to(device=device, dtype=dtype or loaded.config.torch_dtype).eval()
-    if model.fc.weight.device.type == "cpu" and model.fc.weight.dtype == torch.float32:
+    if model.fc.weight.device.type == "cpu":
+        from eagle3_backend.cpu.layer_ops import fuse_draft
         from eagle3_backend.cpu.small_gemm import few_row_linears
 
-        few_row_linears(model)   # a bf16 checkpoint's layers then stream their bf16 copies
+        fuse_draft(model)        # norms and rotary: one kernel call each
+        if model.fc.weight.dtype == torch.float32:
+            few_row_linears(model)   # a bf16 checkpoint's layers then stream their bf16 copies
     return model
 
 

@@ -159,8 +159,10 @@ def test_in_place_cache_bit_equal_to_transformers_dynamic_cache(smol_target, enc
     """The engine's cache writes new positions into buffers allocated once and rolls back
     by moving the accepted rows, where transformers' DynamicCache concatenates: the same
     logits bit for bit through a prefill, a tree verify, a rollback to a non-contiguous
-    path, a verify that outgrows the buffer (room for 5 rows past the prompt) and a decode;
-    the buffers are reused in place, not reallocated, between growths."""
+    path, a verify that outgrows the buffer (room for 5 rows past the prompt), a rollback after
+    it and a decode; the buffers are reused in place, not reallocated, between growths. Until
+    the growth every layer's keys and values are slices of one allocation (the first rollback
+    moves all layers' rows in one copy); after it each layer holds its own."""
     from transformers import DynamicCache
 
     from eagle3_backend.verify.engine import in_place_layer
@@ -175,6 +177,7 @@ def test_in_place_cache_bit_equal_to_transformers_dynamic_cache(smol_target, enc
         out = [_causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None],
                                   cache)]
         buffer = cache.layers[0].keys.data_ptr()
+        shared = [getattr(layer, "shared", None) for layer in cache.layers]
         out.append(_causal_lm_forward(smol_target, tree.tokens[None],
                                       P + torch.tensor(tree.depths)[None], cache,
                                       mask=tree.attention_mask(P)))
@@ -183,15 +186,18 @@ def test_in_place_cache_bit_equal_to_transformers_dynamic_cache(smol_target, enc
         out.append(_causal_lm_forward(smol_target, tree.tokens[None],
                                       P + 3 + torch.tensor(tree.depths)[None], cache,
                                       mask=tree.attention_mask(P + 3)))
-        keep_cache_rows(cache, P + 3, [0, 1])
+        shared.append(getattr(cache.layers[-1], "shared", None))
+        keep_cache_rows(cache, P + 3, [0, 2])                    # root, node 2
         out.append(_causal_lm_forward(smol_target, torch.tensor([[13]]),
                                       torch.tensor([[P + 5]]), cache))
-        return out, same_buffer, [(layer.keys.clone(), layer.values.clone())
+        return out, (same_buffer, shared), [(layer.keys.clone(), layer.values.clone())
                                   for layer in cache.layers]
 
-    got, same_buffer, kv = steps(ours)
+    got, (same_buffer, shared), kv = steps(ours)
     want, _, kv_want = steps(theirs)
     assert same_buffer
+    assert shared == [True] * smol_target.num_layers + [False]
+    assert ours.layers[0].arena.storage.shape[:2] == (smol_target.num_layers, 2)
     assert ours.get_seq_length() == theirs.get_seq_length() == P + 6
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -254,6 +260,29 @@ def test_verify_greedy_oracle_cases():
     chain = DraftTree.from_parents(torch.tensor([1, 2, 3, 4]), [-1, 0, 1, 2])
     assert verify_greedy(chain, torch.tensor([2, 3, 4, 11])) == ([0, 1, 2, 3], 11)
     assert verify_greedy(chain, torch.tensor([2, 9, 4, 11])) == ([0, 1], 9)
+
+
+def test_verify_greedy_on_the_host_equals_the_op():
+    """verify_greedy walks a CPU tree on Python lists; the verify_tree_greedy op (torch
+    backend, SGLang's contract) accepts the same rows and bonus on random trees."""
+    import random
+
+    from eagle3_backend.ops import allocate_verify_outputs, verify_tree_greedy
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(2, 12)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tree = DraftTree.from_parents(torch.tensor([rng.randrange(4) for _ in range(n)]),
+                                      parents)
+        predict = torch.tensor([rng.randrange(4) for _ in range(n)])
+        out = allocate_verify_outputs(1, n, tree.max_depth + 1, "cpu")
+        row = lambda xs: torch.tensor([list(xs)])  # noqa: E731
+        verify_tree_greedy(*out, tree.tokens[None], row(range(n)), row(tree.first_child),
+                           row(tree.next_sibling), predict[None], backend="torch")
+        k = int(out.accept_token_num[0])
+        rows = out.accept_index[0, : k + 1].tolist()
+        assert verify_greedy(tree, predict) == (rows, int(out.predicts[rows[-1]]))
 
 
 def test_sampling_run_is_seeded(smol_target, encoded, random_draft):
