@@ -219,6 +219,12 @@ class Attention(nn.Module):
             cos, sin = cos * self._rope_scale, sin * self._rope_scale
         return cos, sin
 
+    def rotate(self, q: torch.Tensor, k: torch.Tensor,
+               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [B, Hq, T, D] and k [B, Hkv, T, D] rotated to their positions [B, T] (neox)."""
+        cos, sin = self.rope_cos_sin(positions)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Any,
                 mask: torch.Tensor) -> torch.Tensor:
         # x: [B, T, 2H | H], positions: [B, T], mask: [B|1, T, L+T] bool (True = attend);
@@ -227,8 +233,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        cos, sin = self.rope_cos_sin(positions)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.rotate(q, k, positions)
         if cache is not None:
             k, v = cache.append(k, v)  # [B, Hkv, L+T, D]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)

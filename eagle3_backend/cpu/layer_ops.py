@@ -14,6 +14,10 @@ layer's ``forward_native`` for a call it does not take (another dtype, a post-re
 addition, a fused KV-buffer store). Layers whose forward is already pinned (SGLang pins
 native for deterministic RL runs) and subclasses with other semantics are left alone.
 ``EAGLE3_CPU_LAYER_OPS=0`` turns it off; so does a failed build (``small_gemm.load``).
+
+The offline verifier's draft (this package's own :class:`~eagle3_backend.model.Eagle3DraftModel`)
+gets the same kernels through :func:`fuse_draft`: its RMSNorms and its attention's rotary,
+eleven norms and two rotations a drafted tree, each one call instead of about eight ops.
 """
 
 from __future__ import annotations
@@ -108,4 +112,67 @@ def fuse_model(model: torch.nn.Module, mod: Any | None = None) -> dict[str, int]
                 counts[cls.__name__] += 1
     logger.info("eagle3_backend.cpu: %s of %s run on the layer kernels",
                 ", ".join(f"{n} {k}" for k, n in counts.items()), type(model).__name__)
+    return counts
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def draft_norm(layer, mod, native, x):
+    """``eagle3_backend.model.RMSNorm.forward`` in one kernel call (fp32 / bf16 x, no autograd)."""
+    w = layer.weight
+    if (_needs_grad(x, w) or x.dtype not in _NORM_DTYPES or x.device.type != "cpu"
+            or x.shape[-1] != w.shape[0] or x.numel() == 0):
+        return native(x)
+    return mod.rms_norm(x, w, layer.eps)[0]
+
+
+def _draft_cos_sin(attn, positions: int) -> torch.Tensor:
+    """[P >= positions, D] fp32 ``[cos | sin]`` of the draft attention's frequencies (the
+    values its ``rope_cos_sin`` computes, yarn's scale included), grown by doubling."""
+    table = attn.__dict__.get("_eagle3_cos_sin")
+    if table is None or table.shape[0] < positions:
+        n = max(positions, 2 * (0 if table is None else table.shape[0]), 256)
+        angles = torch.arange(n, dtype=torch.float32)[:, None] * attn._inv_freq.cpu()
+        cos, sin = angles.cos(), angles.sin()
+        if attn._rope_scale != 1.0:
+            cos, sin = cos * attn._rope_scale, sin * attn._rope_scale
+        table = attn.__dict__["_eagle3_cos_sin"] = torch.cat([cos, sin], dim=-1).contiguous()
+    return table
+
+
+def draft_rotary(attn, mod, native, q, k, positions):
+    """``eagle3_backend.model.Attention.rotate`` in one kernel call (fp32, no autograd)."""
+    B, Hq, T, D = q.shape
+    if (_needs_grad(q, k) or q.dtype != torch.float32 or k.dtype != torch.float32
+            or q.device.type != "cpu" or T == 0 or positions.shape != (B, T)):
+        return native(q, k, positions)
+    table = _draft_cos_sin(attn, int(positions.max()) + 1)
+    qr, kr = mod.rotary(positions.reshape(-1), q.transpose(1, 2).reshape(B * T, -1),
+                        k.transpose(1, 2).reshape(B * T, -1), table, D, D, True)
+    return (qr.view(B, T, Hq, D).transpose(1, 2),
+            kr.view(B, T, k.shape[1], D).transpose(1, 2))
+
+
+def fuse_draft(model: torch.nn.Module, mod: Any | None = None) -> dict[str, int]:
+    """Point the RMSNorms and attention rotations of an
+    :class:`~eagle3_backend.model.Eagle3DraftModel` on the CPU at the kernels; a call that
+    needs gradients (training) or another dtype keeps the torch ops. Returns how many of
+    each were fused (empty when off or not built)."""
+    if not enabled():
+        return {}
+    mod = mod or small_gemm.load()
+    if mod is None:
+        return {}
+    from eagle3_backend.model import Attention, RMSNorm
+
+    counts = {"RMSNorm": 0, "rotary": 0}
+    for m in model.modules():
+        if type(m) is RMSNorm and m.weight.device.type == "cpu" and m.weight.dtype in _NORM_DTYPES:
+            m.forward = functools.partial(draft_norm, m, mod, m.forward)
+            counts["RMSNorm"] += 1
+        elif type(m) is Attention and m.q_proj.weight.device.type == "cpu":
+            m.rotate = functools.partial(draft_rotary, m, mod, m.rotate)
+            counts["rotary"] += 1
     return counts

@@ -221,3 +221,45 @@ def test_off_switch(kernel, monkeypatch):
     layer = _norm()
     assert layer_ops.fuse_model(torch.nn.ModuleDict({"n": layer}), kernel) == {}
     assert layer._forward_method is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fuse_draft_matches_the_plain_draft_and_keeps_autograd(kernel, dtype):
+    """fuse_draft puts this package's own draft (two layers, yarn rotary so cos / sin carry a
+    scale) on the norm and rotary kernels: logits and hidden match the unfused model (fp32:
+    1e-5; bf16 norms round alike, rotary stays on torch there), positions past the first
+    cos / sin table grow it, and a forward that needs gradients (training) runs the torch
+    ops, bit-equal to the unfused model, with gradients flowing."""
+    from eagle3_backend.config import DraftConfig, RopeScaling
+    from eagle3_backend.model import Eagle3DraftModel
+
+    cfg = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=97,
+                      draft_vocab_size=97, target_hidden_size=64, fc_norm=True,
+                      rope_scaling=RopeScaling(rope_type="yarn", factor=4.0,
+                                               original_max_position_embeddings=64),
+                      layout=("layer_input:1", "layer_input:2", "layer_input:3"),
+                      dtype=str(dtype).removeprefix("torch."))
+    plain = Eagle3DraftModel.init_random(cfg, seed=3)
+    fused = Eagle3DraftModel.init_random(cfg, seed=3)
+    counts = layer_ops.fuse_draft(fused, kernel)
+    assert counts == {"RMSNorm": 3 + 3 + 2 + 1, "rotary": 2}
+    ids = torch.randint(0, 97, (2, 5), generator=_gen(30))
+    hidden = torch.randn(2, 5, 192, generator=_gen(31)).to(dtype)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [300, 301, 302, 303, 304]])   # beyond 256: grows
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    table = lambda: fused.midlayer.self_attn.__dict__.get("_eagle3_cos_sin")  # noqa: E731
+    with torch.no_grad():
+        fused(ids[:1], hidden[:1], pos[:1], projected=False)
+        first = table()
+        want = plain(ids, hidden, pos, projected=False)
+        got = fused(ids, hidden, pos, projected=False)
+    for g, w, what in zip(got, want, ("logits", "hidden")):
+        assert_close_report(g.float(), w.float(), tol, tol, what=f"fused draft {what} ({dtype})")
+    if dtype == torch.float32:
+        assert first.shape == (256, 16) and table().shape == (512, 16)
+    want = plain(ids, hidden, pos, projected=False)[0]
+    got = fused(ids, hidden, pos, projected=False)[0]
+    assert got.requires_grad and torch.equal(got, want)
+    got.float().sum().backward()
+    assert fused.midlayer.hidden_norm.weight.grad is not None
