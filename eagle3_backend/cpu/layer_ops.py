@@ -129,16 +129,13 @@ def draft_norm(layer, mod, native, x):
 
 
 def _draft_cos_sin(attn, positions: int) -> torch.Tensor:
-    """[P >= positions, D] fp32 ``[cos | sin]`` of the draft attention's frequencies (the
-    values its ``rope_cos_sin`` computes, yarn's scale included), grown by doubling."""
+    """[P >= positions, D] fp32 ``[cos | sin]`` from the draft attention's own
+    ``rope_cos_sin`` (yarn's scale included), grown by doubling."""
     table = attn.__dict__.get("_eagle3_cos_sin")
     if table is None or table.shape[0] < positions:
         n = max(positions, 2 * (0 if table is None else table.shape[0]), 256)
-        angles = torch.arange(n, dtype=torch.float32)[:, None] * attn._inv_freq.cpu()
-        cos, sin = angles.cos(), angles.sin()
-        if attn._rope_scale != 1.0:
-            cos, sin = cos * attn._rope_scale, sin * attn._rope_scale
-        table = attn.__dict__["_eagle3_cos_sin"] = torch.cat([cos, sin], dim=-1).contiguous()
+        cos, sin = attn.rope_cos_sin(torch.arange(n)[None])           # [1, 1, n, D/2]
+        table = attn.__dict__["_eagle3_cos_sin"] = torch.cat([cos[0, 0], sin[0, 0]], dim=-1)
     return table
 
 

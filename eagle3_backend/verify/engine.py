@@ -236,7 +236,7 @@ def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
                 "(DynamicLayer). Sliding-window / linear-attention targets are not supported."
             )
     layers = [layer for layer in cache.layers if layer.is_initialized]
-    index, moved = None, False
+    index, full, moved = None, None, False
     if not contiguous and layers:
         index = prefix_len + torch.tensor(rows, dtype=torch.long, device=layers[0].keys.device)
         arena = _Arena.holding(layers)
@@ -254,8 +254,9 @@ def keep_cache_rows(cache: Any, prefix_len: int, rows: list[int]) -> None:
             layer.keys = layer.keys[..., :end, :]
             layer.values = layer.values[..., :end, :]
             continue
-        full = torch.cat([torch.arange(prefix_len, device=layer.keys.device),
-                          index.to(layer.keys.device)])
+        if full is None or full.device != layer.keys.device:    # made once, not per layer
+            full = torch.cat([torch.arange(prefix_len, device=layer.keys.device),
+                              index.to(layer.keys.device)])
         layer.keys = layer.keys.index_select(-2, full)
         layer.values = layer.values.index_select(-2, full)
 
