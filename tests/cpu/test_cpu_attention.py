@@ -194,6 +194,42 @@ def test_decode_equals_last_row_of_extend(sgl_ops, path):
         assert torch.equal(o_dec[0], o_ext[3])
 
 
+def test_tree_rows_equal_decodes_over_the_keys_they_see(sgl_ops, path):
+    # Served shapes (9 query / 3 KV heads, head dim 64, 37 cached keys: not a multiple of the
+    # kernel's key blocks): each row of a 6-token tree verify against a one-token decode whose
+    # request lists exactly the keys that row sees (the prefix, its ancestors, itself). The
+    # kernel splits the two differently (blocks shared by all rows, then each row's own extend
+    # keys) and must give the same bits; the torch path agrees in fp32.
+    g = torch.Generator().manual_seed(21)
+    hq, hkv, d, prefix, parents = 9, 3, 64, 37, [-1, 0, 0, 1, 1, 2]
+    e = len(parents)
+    k_buf, v_buf = torch.randn(64, hkv, d, generator=g), torch.randn(64, hkv, d, generator=g)
+    rows = torch.randperm(63, generator=g)[:prefix + e] + 1
+    tree = torch.zeros(e, e, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        tree[i] = tree[p] if p >= 0 else tree[i]
+        tree[i, i] = True
+    q = torch.randn(e, hq, d, generator=g)
+    rtt = torch.zeros(1, 64, dtype=torch.int32)
+    rtt[0, :prefix + e] = rows.int()
+    o = torch.full((e, hq, d), float("nan"))
+    one = torch.tensor([0])
+    sgl_ops.extend_attention_cpu(q, None, None, o, k_buf, v_buf, 1.0, 1.0, rtt, one,
+                                 torch.tensor([prefix + e]), torch.tensor([e]), one, e, d ** -0.5,
+                                 0.0, False, 0, None, None, tree.flatten(), True)
+    for i in range(e):
+        seen = torch.cat([rows[:prefix], rows[prefix:][tree[i]]])           # in key order
+        dec_rtt = torch.zeros(1, 64, dtype=torch.int32)
+        dec_rtt[0, :len(seen)] = seen.int()
+        o_dec = torch.empty(1, hq, d)
+        sgl_ops.decode_attention_cpu(q[i:i + 1], k_buf, v_buf, 1.0, 1.0, o_dec, None, None,
+                                     seen[-1:].long(), torch.zeros(1), dec_rtt, one,
+                                     torch.tensor([len(seen)]), d ** -0.5, 0.0, False, 0, None, None)
+        assert_close_report(o_dec[0], o[i], 1e-6, 1e-6, what=f"tree row {i} vs its decode")
+        if path == "kernel":
+            assert torch.equal(o_dec[0], o[i]), f"tree row {i} differs from its decode in the last bits"
+
+
 def test_kernel_odd_head_dims_int64_rows_and_extend_kv_from_cache(sgl_ops):
     """Head dims that are not a multiple of the vector width (12 / 20), int64 req_to_token,
     a tree block, a sliding window and a logit cap at once, against the reference."""

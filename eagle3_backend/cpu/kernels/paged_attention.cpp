@@ -5,8 +5,9 @@
 // few hundred or thousand keys. The torch implementation in ops/attention.py gathers each
 // request's keys and values into new tensors and runs a dozen small ops a layer; at one
 // query per request that is most of the attention's cost. This kernel reads each key and
-// value row where it lies in the cache, once per KV head for all the query heads that
-// share it.
+// value row where it lies in the cache, sixteen at a time for all the query rows (queries x
+// heads) that read the same KV head, while they sit in L1; the scores take eight keys as
+// eight independent FMA chains (docs/cpu-engine.md#attention has the figures).
 //
 // Request b has seq_lens[b] keys at rows req_to_token[req_pool_indices[b], 0..seq_lens[b]);
 // its last ext_lens[b] tokens are its queries (q rows ext_start[b]..), at positions
@@ -59,42 +60,82 @@ inline float hsum8(__m256 v) {
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
   return _mm_cvtss_f32(_mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 0x55)));
 }
-#endif
 
-// dot(q, k) over D, q in fp32: vector lanes over D, a fixed lane reduction, then the tail.
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t D) {
-  int64_t d = 0;
-  float s = 0.f;
-#if E3_VEC_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), acc);
-  s = hsum8(acc);
-#endif
-  for (; d < D; ++d) s = std::fma(q[d], to_f(k[d]), s);
-  return s;
+// Lane i of the result: the eight lanes of a_i summed as ((l0 + l1) + (l2 + l3)) +
+// ((l4 + l5) + (l6 + l7)), the same tree for every i. (Accumulators are passed and kept as
+// named values throughout: in an array GCC stores them to the stack at every step.)
+inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                      __m256 a6, __m256 a7) {
+  const __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
 }
 
-// four keys at once (independent FMA chains); each result equals dot(q, k_i, D) bit for bit
-template <typename T>
-inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
-#if E3_VEC_AVX2
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    a0 = _mm256_fmadd_ps(qv, load8(k[0] + d), a0);
-    a1 = _mm256_fmadd_ps(qv, load8(k[1] + d), a1);
-    a2 = _mm256_fmadd_ps(qv, load8(k[2] + d), a2);
-    a3 = _mm256_fmadd_ps(qv, load8(k[3] + d), a3);
+#define E3_REP8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+// the dot products of eight keys kk[0..8) with NR = 1 or 2 query rows over D8 (a multiple of
+// 8), eight lanes each, reduced by reduce8: r[x] lane i = q_x . kk[i]
+template <int NR, typename T>
+inline void dots8(const float* q, int64_t ldq, const T* const* kk, int64_t D8, __m256* r) {
+  static_assert(NR == 1 || NR == 2, "one or two query rows");
+  const __m256 z = _mm256_setzero_ps();
+#define E3_DECL(i) __m256 a##i = z, b##i = z;
+  E3_REP8(E3_DECL)
+#undef E3_DECL
+  for (int64_t d = 0; d < D8; d += 8) {
+    const __m256 qa = _mm256_loadu_ps(q + d);
+    const __m256 qb = NR == 2 ? _mm256_loadu_ps(q + ldq + d) : z;
+#define E3_FMA(i)                                           \
+  {                                                         \
+    const __m256 kv = load8(kk[i] + d);                     \
+    a##i = _mm256_fmadd_ps(qa, kv, a##i);                   \
+    if constexpr (NR == 2) b##i = _mm256_fmadd_ps(qb, kv, b##i); \
   }
-  float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-  for (int i = 0; i < 4; ++i) {
-    for (int64_t t = d; t < D; ++t) s[i] = std::fma(q[t], to_f(k[i][t]), s[i]);
-    out[i] = s[i];
+    E3_REP8(E3_FMA)
+#undef E3_FMA
+  }
+  r[0] = reduce8(a0, a1, a2, a3, a4, a5, a6, a7);
+  if constexpr (NR == 2) r[1] = reduce8(b0, b1, b2, b3, b4, b5, b6, b7);
+}
+#endif
+
+// s_x[t] = q_x . k[t] over D for t < n and NR query rows x (q_x = q + x * ldq, fp32; s_x =
+// s + x * lds). Each score is the same fixed-order sum whatever the other keys and rows are:
+// eight lanes over D (lane l takes d = l, l + 8, ...), reduce8's tree, then the D % 8 tail
+// in order. Eight keys at a time, each key loaded once for the NR rows.
+template <int NR, typename T>
+inline void scores(const float* q, int64_t ldq, const T* const* k, int64_t n, int64_t D, float* s,
+                   int64_t lds) {
+#if E3_VEC_AVX2
+  const int64_t D8 = D - D % 8;
+  for (int64_t t = 0; t < n; t += 8) {
+    const int64_t m = std::min<int64_t>(8, n - t);
+    const T* kk[8];
+    for (int64_t i = 0; i < 8; ++i) kk[i] = k[t + std::min(i, m - 1)];  // a short block repeats its last key
+    __m256 r[NR];
+    dots8<NR>(q, ldq, kk, D8, r);
+    for (int x = 0; x < NR; ++x) {
+      if (m == 8 && D8 == D) {          // the whole block: the lanes are the scores
+        _mm256_storeu_ps(s + x * lds + t, r[x]);
+        continue;
+      }
+      alignas(32) float v[8];
+      _mm256_store_ps(v, r[x]);
+      const float* qx = q + x * ldq;
+      for (int64_t i = 0; i < m; ++i) {
+        float y = v[i];
+        for (int64_t d = D8; d < D; ++d) y = std::fma(qx[d], to_f(kk[i][d]), y);
+        s[x * lds + t + i] = y;
+      }
+    }
   }
 #else
-  for (int i = 0; i < 4; ++i) out[i] = dot(q, k[i], D);
+  for (int x = 0; x < NR; ++x)
+    for (int64_t t = 0; t < n; ++t) {
+      float v = 0.f;
+      for (int64_t d = 0; d < D; ++d) v = std::fma(q[x * ldq + d], to_f(k[t][d]), v);
+      s[x * lds + t] = v;
+    }
 #endif
 }
 
@@ -126,37 +167,59 @@ inline void softmax(float* s, int64_t n) {
 #endif
 }
 
-// out[0..Dv) = sum over t of p[t] * v[t][0..Dv), keys in order (fp32 accumulators)
-template <typename T>
-inline void weighted_sum(const float* p, const T* const* v, int64_t n, int64_t Dv, float* out) {
+// acc_x[0..Dv) += sum over t of p_x[t] * v[t][0..Dv) for NR rows x (p_x = p + x * ldp,
+// acc_x = acc + x * lda): per element one FMA chain over the keys in order (fp32), continuing
+// from acc, so a sum split over several calls equals one call over all the keys bit for bit,
+// whatever the chunking and the other rows; each value row is loaded once for the NR rows.
+template <int NR, int C, typename T>
+inline void weighted_chunk(const float* p, int64_t ldp, const T* const* v, int64_t n, int64_t d,
+                           float* acc, int64_t lda) {
+#if E3_VEC_AVX2
+  static_assert(NR == 1 || NR == 2, "one or two rows");
+  static_assert(C == 1 || C == 4 || C == 8, "1, 4 or 8 lanes of eight");
+  float* a0p = acc + d;
+  float* b0p = acc + lda + d;
+#define E3_DECL(i)                                                            \
+  __m256 a##i = i < C ? _mm256_loadu_ps(a0p + 8 * (i % C)) : _mm256_setzero_ps(); \
+  __m256 b##i = NR == 2 && i < C ? _mm256_loadu_ps(b0p + 8 * (i % C)) : _mm256_setzero_ps();
+  E3_REP8(E3_DECL)
+#undef E3_DECL
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pa = _mm256_set1_ps(p[t]);
+    const __m256 pb = NR == 2 ? _mm256_set1_ps(p[ldp + t]) : pa;
+    const T* vt = v[t] + d;
+#define E3_FMA(i)                                                   \
+  if constexpr (i < C) {                                            \
+    const __m256 vv = load8(vt + 8 * i);                            \
+    a##i = _mm256_fmadd_ps(pa, vv, a##i);                           \
+    if constexpr (NR == 2) b##i = _mm256_fmadd_ps(pb, vv, b##i);    \
+  }
+    E3_REP8(E3_FMA)
+#undef E3_FMA
+  }
+#define E3_STORE(i)                                                 \
+  if constexpr (i < C) {                                            \
+    _mm256_storeu_ps(a0p + 8 * i, a##i);                            \
+    if constexpr (NR == 2) _mm256_storeu_ps(b0p + 8 * i, b##i);     \
+  }
+  E3_REP8(E3_STORE)
+#undef E3_STORE
+#endif
+}
+
+template <int NR, typename T>
+inline void weighted_add(const float* p, int64_t ldp, const T* const* v, int64_t n, int64_t Dv,
+                         float* acc, int64_t lda) {
   int64_t d = 0;
 #if E3_VEC_AVX2
-  for (; d + 32 <= Dv; d += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 pv = _mm256_set1_ps(p[t]);
-      const T* vt = v[t] + d;
-      a0 = _mm256_fmadd_ps(pv, load8(vt), a0);
-      a1 = _mm256_fmadd_ps(pv, load8(vt + 8), a1);
-      a2 = _mm256_fmadd_ps(pv, load8(vt + 16), a2);
-      a3 = _mm256_fmadd_ps(pv, load8(vt + 24), a3);
-    }
-    _mm256_storeu_ps(out + d, a0);
-    _mm256_storeu_ps(out + d + 8, a1);
-    _mm256_storeu_ps(out + d + 16, a2);
-    _mm256_storeu_ps(out + d + 24, a3);
-  }
-  for (; d + 8 <= Dv; d += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(v[t] + d), a);
-    _mm256_storeu_ps(out + d, a);
-  }
+  for (; d + 64 <= Dv; d += 64) weighted_chunk<NR, 8>(p, ldp, v, n, d, acc, lda);
+  for (; d + 32 <= Dv; d += 32) weighted_chunk<NR, 4>(p, ldp, v, n, d, acc, lda);
+  for (; d + 8 <= Dv; d += 8) weighted_chunk<NR, 1>(p, ldp, v, n, d, acc, lda);
 #endif
-  for (; d < Dv; ++d) {
-    float a = 0.f;
-    for (int64_t t = 0; t < n; ++t) a = std::fma(p[t], to_f(v[t][d]), a);
-    out[d] = a;
-  }
+  for (; d < Dv; ++d)
+    for (int x = 0; x < NR; ++x)
+      for (int64_t t = 0; t < n; ++t)
+        acc[x * lda + d] = std::fma(p[x * ldp + t], to_f(v[t][d]), acc[x * lda + d]);
 }
 
 inline int64_t read_index(const void* base, bool is64, int64_t i) {
@@ -185,13 +248,26 @@ void run(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor& k_buf,
   const int64_t kn_row = Hkv * D, vn_row = Hkv * Dv;  // k_new / v_new are contiguous
   const int64_t B = static_cast<int64_t>(reqs.size());
 
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<const T*> kp, vp, vk, vv;
+  // A work item is a chunk of the rows (query, head) of one request that read one KV head.
+  // Without a sliding window all of them see the request's cached prefix: its keys and values
+  // are taken kBlock at a time, and each block serves every row of the chunk while it sits in
+  // L1 (a row's own extend keys follow). With a window each row reads its keys on its own.
+  // Either way a row's scores, softmax and sums are the same fixed-order sums over its keys.
+  constexpr int64_t kBlock = 16;
+  int64_t chunks = 1;
+  const int64_t threads = at::get_num_threads(), heads = B * Hkv;
+  if (heads < 2 * threads) chunks = (2 * threads + heads - 1) / heads;
+  at::parallel_for(0, heads * chunks, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<const T*> kp, vp, ek, ev;
     std::vector<float> qf, s, acc;
+    std::vector<int64_t> en;
     for (int64_t w = w0; w < w1; ++w) {
-      const Request& r = reqs[w / Hkv];
-      const int64_t h = w % Hkv, L = r.total, E = r.ext, prefix = L - E;
-      if (E == 0) continue;
+      const int64_t b = w / (Hkv * chunks), h = (w / chunks) % Hkv, c = w % chunks;
+      const Request& r = reqs[b];
+      const int64_t L = r.total, E = r.ext, prefix = L - E, R = E * G;
+      const int64_t per = (R + chunks - 1) / chunks, r0 = c * per, r1 = std::min(R, r0 + per);
+      if (r0 >= r1) continue;
+      const int64_t nr = r1 - r0, S = L + 8;
       kp.resize(L);
       vp.resize(L);
       for (int64_t j = 0; j < L; ++j) {
@@ -204,16 +280,20 @@ void run(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor& k_buf,
           vp[j] = vb + row * vb_row + h * vb_head;
         }
       }
-      qf.resize(D);
-      acc.resize(Dv);
-      vk.resize(L);
-      vv.resize(L);
-      s.resize(L + 8);
-      for (int64_t i = 0; i < E; ++i) {
-        // the keys query i sees, in key order
-        const int64_t pos = prefix + i;
+      qf.resize(nr * D);
+      s.resize(nr * S);
+      acc.assign(nr * Dv, 0.f);
+      ek.resize(nr * L);
+      ev.resize(nr * L);
+      en.resize(nr);
+      const int64_t shared = window <= 0 ? prefix : 0;  // keys every row sees, from key 0
+      for (int64_t x = 0; x < nr; ++x) {
+        // row x: query i, head h * G + g; the keys it sees beyond the shared ones, in order
+        const int64_t i = (r0 + x) / G, g = (r0 + x) % G, pos = prefix + i;
+        const T* qh = qp + (r.start + i) * q_row + (h * G + g) * q_head;
+        for (int64_t d = 0; d < D; ++d) qf[x * D + d] = to_f(qh[d]);
         int64_t n = 0;
-        for (int64_t j = 0; j < L; ++j) {
+        for (int64_t j = shared; j < L; ++j) {
           bool v = true;
           if (j >= prefix) {
             const int64_t jj = j - prefix;
@@ -222,33 +302,41 @@ void run(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor& k_buf,
           }
           if (window > 0 && pos - j >= window) v = false;
           if (v) {
-            vk[n] = kp[j];
-            vv[n] = vp[j];
+            ek[x * L + n] = kp[j];
+            ev[x * L + n] = vp[j];
             ++n;
           }
         }
-        const T* qrow = qp + (r.start + i) * q_row;
-        T* orow = op + (r.start + i) * o_row;
-        for (int64_t g = 0; g < G; ++g) {
-          const T* qh = qrow + (h * G + g) * q_head;
-          for (int64_t d = 0; d < D; ++d) qf[d] = to_f(qh[d]);
-          int64_t t = 0;
-          for (; t + 4 <= n; t += 4) dot4(qf.data(), vk.data() + t, D, s.data() + t);
-          for (; t < n; ++t) s[t] = dot(qf.data(), vk[t], D);
-          for (t = 0; t < n; ++t) {
-            float x = s[t] * scale;
-            if (cap > 0.f) x = cap * std::tanh(x / cap);
-            s[t] = x;
-          }
-          if (n == 0) {
-            std::fill(acc.begin(), acc.end(), 0.f);
-          } else {
-            softmax(s.data(), n);
-            weighted_sum(s.data(), vv.data(), n, Dv, acc.data());
-          }
-          T* oh = orow + (h * G + g) * o_head;
-          for (int64_t d = 0; d < Dv; ++d) from_f(acc[d], oh + d);
+        en[x] = n;
+      }
+      for (int64_t t = 0; t < shared; t += kBlock) {
+        const int64_t m = std::min(kBlock, shared - t);
+        int64_t x = 0;
+        for (; x + 2 <= nr; x += 2) scores<2>(&qf[x * D], D, &kp[t], m, D, &s[x * S + t], S);
+        if (x < nr) scores<1>(&qf[x * D], D, &kp[t], m, D, &s[x * S + t], S);
+      }
+      for (int64_t x = 0; x < nr; ++x) {
+        const int64_t n = shared + en[x];
+        float* sx = &s[x * S];
+        scores<1>(&qf[x * D], D, &ek[x * L], en[x], D, sx + shared, S);
+        if (cap > 0.f) {
+          for (int64_t t = 0; t < n; ++t) sx[t] = cap * std::tanh(sx[t] * scale / cap);
+        } else {
+          for (int64_t t = 0; t < n; ++t) sx[t] *= scale;
         }
+        if (n > 0) softmax(sx, n);
+      }
+      for (int64_t t = 0; t < shared; t += kBlock) {
+        const int64_t m = std::min(kBlock, shared - t);
+        int64_t x = 0;
+        for (; x + 2 <= nr; x += 2) weighted_add<2>(&s[x * S + t], S, &vp[t], m, Dv, &acc[x * Dv], Dv);
+        if (x < nr) weighted_add<1>(&s[x * S + t], S, &vp[t], m, Dv, &acc[x * Dv], Dv);
+      }
+      for (int64_t x = 0; x < nr; ++x) {
+        weighted_add<1>(&s[x * S + shared], S, &ev[x * L], en[x], Dv, &acc[x * Dv], Dv);
+        const int64_t i = (r0 + x) / G, g = (r0 + x) % G;   // no keys at all: zeros
+        T* oh = op + (r.start + i) * o_row + (h * G + g) * o_head;
+        for (int64_t d = 0; d < Dv; ++d) from_f(acc[x * Dv + d], oh + d);
       }
     }
   });
