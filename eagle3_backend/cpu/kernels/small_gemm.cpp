@@ -4,8 +4,9 @@
 // such M the product should cost what streaming W from memory costs, yet BLAS GEMMs
 // pack W (or read a prepacked copy) and at M = 4 run up to twice as long as the
 // matrix-vector product at M = 1. This kernel reads each row of W once (two rows at a
-// time) and dots it with up to eight rows of x in the same pass (four without AVX-512's
-// 32 registers; x stays in L1), with FMA on one vector register per (x row, W row):
+// time, four with AVX-512 and more than one x row) and dots it with up to eight rows of x
+// in the same pass (see kPassRows; x stays in L1), with FMA on one vector register per
+// (x row, W row):
 // AVX-512 where the building machine has it, else AVX2, else plain C++.
 //
 // W streams from memory with software prefetches 16 KB ahead into L2. On the 2-core VM
@@ -121,21 +122,29 @@ inline void block(const T* __restrict w, int64_t ldw, const float* __restrict x,
     }
 }
 
+// x rows per pass over NR W rows: the MR * NR accumulators, NR W vectors and an x vector must
+// fit the registers (32 with AVX-512, 16 with AVX2). With AVX-512 and more than one x row a
+// step takes four W rows, six x rows a pass: 24 FMAs for 10 loads, where two W rows take 12
+// for 14 and the loads, not the FMAs, set the pace (1.1-1.2x faster at 12-16 rows,
+// docs/cpu-engine.md). Each element's sum is the same whatever NR and MR.
 #if defined(__AVX512F__)
-constexpr int kPassRows = 8;   // x rows per pass over W rows: MR * NR accumulators + NR + 1
-#else                          // registers must fit (32 with AVX-512, 16 with AVX2)
-constexpr int kPassRows = 4;
+template <int NR> constexpr int kPassRows = NR == 4 ? 6 : 8;
+constexpr int64_t kWideRows = 4;
+#else
+template <int NR> constexpr int kPassRows = 4;
+constexpr int64_t kWideRows = 2;
 #endif
 
 template <int NR, typename T>
 inline void rows_block(const T* w, int64_t ldw, const float* x, int64_t M, int64_t K,
                        float* out, int64_t N) {
+  constexpr int P = kPassRows<NR>;
   int64_t m = 0;
-  for (; m + kPassRows <= M; m += kPassRows)
-    block<kPassRows, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N);
+  for (; m + P <= M; m += P)
+    block<P, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N);
 #define E3_ROWS(R) \
   case R:          \
-    if constexpr (R < kPassRows) block<R, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); \
+    if constexpr (R < P) block<R, NR, T>(w, ldw, x + m * K, K, K, out + m * N, N); \
     break;
   switch (M - m) {
     E3_ROWS(1) E3_ROWS(2) E3_ROWS(3) E3_ROWS(4) E3_ROWS(5) E3_ROWS(6) E3_ROWS(7)
@@ -148,16 +157,26 @@ inline void rows_block(const T* w, int64_t ldw, const float* x, int64_t M, int64
 template <typename T>
 void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, int64_t N,
           int64_t K) {
-  // a task streams about 64 KB of W; tasks are whole pairs of W rows
-  const int64_t grain = std::max<int64_t>(2, (16384 / std::max<int64_t>(K, 1)) & ~int64_t(1));
-  at::parallel_for(0, (N + 1) / 2, std::max<int64_t>(1, grain / 2), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = 2 * p;
 #if E3_HAVE_AVX2
-      if (n + 2 <= N) rows_block<2, T>(w + n * K, K, x, M, K, out + n, N);
-      else rows_block<1, T>(w + n * K, K, x, M, K, out + n, N);
+  const int64_t step = M > 1 ? kWideRows : 2;   // W rows a task's step takes
 #else
-      for (int64_t j = n; j < std::min(n + 2, N); ++j)
+  const int64_t step = 2;
+#endif
+  // a task streams about 64 KB of W, in whole steps
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1) / step);
+  at::parallel_for(0, (N + step - 1) / step, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = step * p, end = std::min(n + step, N);
+#if E3_HAVE_AVX2
+      if (kWideRows == 4 && end - n == 4)
+        rows_block<kWideRows, T>(w + n * K, K, x, M, K, out + n, N);
+      else
+        for (int64_t j = n; j < end; j += 2) {
+          if (j + 2 <= end) rows_block<2, T>(w + j * K, K, x, M, K, out + j, N);
+          else rows_block<1, T>(w + j * K, K, x, M, K, out + j, N);
+        }
+#else
+      for (int64_t j = n; j < end; ++j)
         for (int64_t m = 0; m < M; ++m) {
           float s = 0.f;
           for (int64_t k = 0; k < K; ++k) s = std::fma(x[m * K + k], widen(w[j * K + k]), s);
@@ -165,7 +184,7 @@ void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, 
         }
 #endif
       if (bias != nullptr)
-        for (int64_t j = n; j < std::min(n + 2, N); ++j)
+        for (int64_t j = n; j < end; ++j)
           for (int64_t m = 0; m < M; ++m) out[m * N + j] += bias[j];
     }
   });
