@@ -129,6 +129,18 @@ def _need_layers(where: str, what: str, num_layers: int | None) -> int:
     return num_layers
 
 
+def _assumed_default(f: Fields, engine: str, num_layers: int | None, missing: str,
+                     assumed: str) -> _Resolved:
+    """``engine``'s default layout for the target's layer count, for a checkpoint that
+    records no layer ids (``missing`` says so in the error without a layer count); the
+    explanation, also its warning, starts with ``assumed``."""
+    L = _need_layers(f.where, missing, num_layers)
+    layout = Layout.engine_default(engine, L)
+    msg = (f"{assumed} default for a {L}-layer target, inputs of layers 2, L//2, L-3 = "
+           f"{layout}; right only if the draft was trained with the default")
+    return _Resolved(layout, "assumed-default", msg, (msg,))
+
+
 def _resolve_sglang(f: Fields, arch: str | None, num_layers: int | None,
                     ids_as: str) -> _Resolved:
     eagle = f.dict("eagle_config") or {}
@@ -142,13 +154,9 @@ def _resolve_sglang(f: Fields, arch: str | None, num_layers: int | None,
             f"\"eagle_config\" (or add \"eagle3_layout\")."
         )
     if ids is None:
-        L = _need_layers(f.where, "records no layer ids (eagle_config.eagle_aux_hidden_state_"
-                         "layer_ids)", num_layers)
-        layout = Layout.engine_default("sglang", L)
-        msg = (f"no layer ids recorded: assumed SGLang's default for a {L}-layer target, "
-               f"inputs of layers 2, L//2, L-3 = {layout}; right only if the draft was trained "
-               f"with the default")
-        return _Resolved(layout, "assumed-default", msg, (msg,))
+        return _assumed_default(f, "sglang", num_layers, "records no layer ids (eagle_config."
+                                "eagle_aux_hidden_state_layer_ids)",
+                                "no layer ids recorded: assumed SGLang's")
 
     specforge = Layout.from_specforge_ids(ids)
     if ids_as == "specforge":
@@ -205,13 +213,10 @@ def _input_of_layer_ids(f: Fields, ids: list[int]) -> Layout:
 def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
     ids = f.int_list("eagle_aux_hidden_state_layer_ids")
     if ids is None:
-        L = _need_layers(f.where, "records eagle_aux_hidden_state_layer_ids null (speculators' "
-                         "own converter drops them)", num_layers)
-        layout = Layout.engine_default("speculators", L)
-        msg = (f"eagle_aux_hidden_state_layer_ids is null: assumed the speculators/vLLM default "
-               f"for a {L}-layer target, inputs of layers 2, L//2, L-3 = {layout}; right only "
-               f"if the draft was trained with the default")
-        return _Resolved(layout, "assumed-default", msg, (msg,))
+        return _assumed_default(f, "speculators", num_layers, "records eagle_aux_hidden_state_"
+                                "layer_ids null (speculators' own converter drops them)",
+                                "eagle_aux_hidden_state_layer_ids is null: assumed the "
+                                "speculators/vLLM")
     layout = _input_of_layer_ids(f, ids)
     notes = []
     if ids != sorted(ids):
@@ -237,13 +242,9 @@ def _resolve_vllm(f: Fields, arch: str | None, num_layers: int | None,
         return _Resolved(resolved.layout, resolved.source, resolved.explanation,
                          resolved.warnings + (note,))
     if ids is None:
-        L = _need_layers(f.where, "records no layer ids (eagle_aux_hidden_state_layer_ids)",
-                         num_layers)
-        layout = Layout.engine_default("vllm", L)
-        msg = (f"no layer ids recorded: assumed the vLLM/SGLang default for a {L}-layer target, "
-               f"inputs of layers 2, L//2, L-3 = {layout}; right only if the draft was trained "
-               f"with the default")
-        return _Resolved(layout, "assumed-default", msg, (msg,))
+        return _assumed_default(f, "vllm", num_layers, "records no layer ids "
+                                "(eagle_aux_hidden_state_layer_ids)",
+                                "no layer ids recorded: assumed the vLLM/SGLang")
     layout = _input_of_layer_ids(f, ids)
     notes = []
     if nested is not None and nested != ids:

@@ -110,9 +110,7 @@ def _method_classes():
         UnquantizedLinearMethod,
     )
 
-    class PackedCpuLinearMethod(UnquantizedLinearMethod):
-        """SGLang's unquantized linear, multiplied through a prepacked oneDNN weight."""
-
+    class _Packed:
         def apply(self, layer, x, bias=None):
             return packed_linear(layer, x, bias)
 
@@ -121,20 +119,15 @@ def _method_classes():
             for key in (_STATE, small_gemm.BF16_STATE):  # a load wrote through .data
                 layer.__dict__.pop(key, None)
 
-    class PackedCpuLMHeadMethod(UnquantizedEmbeddingMethod):
+    class PackedCpuLinearMethod(_Packed, UnquantizedLinearMethod):
+        """SGLang's unquantized linear, multiplied through a prepacked oneDNN weight."""
+
+    class PackedCpuLMHeadMethod(_Packed, UnquantizedEmbeddingMethod):
         """SGLang's unquantized embedding/LM head: lookups unchanged, logits packed.
 
         Its class name is not in SGLang's list of unquantized LM-head methods, so
         the logits processor calls ``apply`` instead of its own matmul.
         """
-
-        def apply(self, layer, x, bias=None):
-            return packed_linear(layer, x, bias)
-
-        def process_weights_after_loading(self, layer):
-            super().process_weights_after_loading(layer)
-            for key in (_STATE, small_gemm.BF16_STATE):  # a load wrote through .data
-                layer.__dict__.pop(key, None)
 
     return UnquantizedLinearMethod, UnquantizedEmbeddingMethod, PackedCpuLinearMethod, PackedCpuLMHeadMethod
 
