@@ -125,7 +125,7 @@ inline void block(const T* __restrict w, int64_t ldw, const float* __restrict x,
 // x rows per pass over NR W rows: the MR * NR accumulators, NR W vectors and an x vector must
 // fit the registers (32 with AVX-512, 16 with AVX2). With AVX-512 and more than one x row a
 // step takes four W rows, six x rows a pass: 24 FMAs for 10 loads, where two W rows take 12
-// for 14 and the loads, not the FMAs, set the pace (1.1-1.2x faster at 12-16 rows,
+// for 14 and the loads, not the FMAs, set the pace (12-16 rows in 0.80-0.94x the time,
 // docs/cpu-engine.md). Each element's sum is the same whatever NR and MR.
 #if defined(__AVX512F__)
 template <int NR> constexpr int kPassRows = NR == 4 ? 6 : 8;
