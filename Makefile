@@ -69,6 +69,7 @@ DRAFT_STAGE7_ARGS ?= --first-conversation 6805 --teacher-tokens 340000 --steps 1
 DRAFT_STAGE8_ARGS ?= --first-conversation 8634 --teacher-tokens 340000 --steps 3600 --threads 2
 DRAFT_STAGE9_ARGS ?= --first-conversation 12600 --teacher-tokens 500000 --steps 2000 --lr 2e-4 --threads 2
 DRAFT_STAGE10_ARGS ?= --first-conversation 15302 --teacher-tokens 340000 --steps 3000 --lr 2e-4 --threads 2
+DRAFT_STAGE11_ARGS ?= --answer-turn 2 --max-prompt-tokens 320 --teacher-tokens 360000 --steps 2000 --lr 2e-4 --threads 2
 DRAFT_HOME := $(HOME)/.cache/eagle3-backend
 TEACHER_CACHE ?= $(DRAFT_HOME)/train-data/teacher-smollm2-sharegpt-512
 ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192
@@ -79,6 +80,7 @@ STAGE7_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-fro
 STAGE8_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from8634
 STAGE9_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from12600
 STAGE10_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-from15302
+STAGE11_ANSWER_CACHE ?= $(DRAFT_HOME)/train-data/answers-smollm2-sharegpt-192-turn2
 # OMP_NUM_THREADS for an `eagle3 train` command line: its last --threads (1 when none).
 threads = $(lastword 1 $(patsubst --threads=%,%,$(filter --threads=%,$(subst --threads ,--threads=,$(1)))))
 train = OMP_NUM_THREADS=$(call threads,$(1)) $(PY) -m eagle3_backend train --target bundled --dataset sharegpt $(1)
@@ -120,6 +122,9 @@ $(eval $(call stage,8,stage8,$(STAGE_ARGS) DRAFT_STAGE8_ARGS,STAGE8_ANSWER_CACHE
 $(eval $(call stage,9,stage9,$(STAGE_ARGS) DRAFT_STAGE9_ARGS,STAGE9_ANSWER_CACHE))
 # stage 10: the next fresh chats and stage 9's together
 $(eval $(call stage,10,stage10,$(STAGE_ARGS) DRAFT_STAGE10_ARGS,STAGE10_ANSWER_CACHE,STAGE9_ANSWER_CACHE))
+# stage 11: the second user turns of the same chats (first turns used up), the recorded first
+# exchange as context
+$(eval $(call stage,11,stage11,$(STAGE_ARGS) DRAFT_STAGE11_ARGS,STAGE11_ANSWER_CACHE))
 DRAFT_DIR ?= $(STAGE10_DIR)
 draft: draft-stage10
 

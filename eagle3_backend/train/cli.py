@@ -86,6 +86,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "target (the target's greedy answer to each chat's first user turn, "
                         "--max-new-tokens at most, generated once into the sharded cache; "
                         "the data the draft meets when served; default recorded)")
+    g.add_argument("--answer-turn", type=int, default=1, metavar="N",
+                   help="with --answers target: answer each chat's Nth user turn, its recorded "
+                        "turns before it as context (chats with fewer user turns skipped): "
+                        "other data from the same chats once their first turns are used "
+                        "(default 1)")
     g.add_argument("--teacher-tokens", type=int, default=200_000, metavar="N",
                    help="tokens of teacher-forced conversations to train on, held-out ones "
                         "included (whole cache shards; the cache grows to this; default 200000)")
@@ -266,6 +271,8 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
     if args.answers == "target":      # recorded caches keep the identity they were written with
         identity["answers"] = {"by": "target, greedy", "max_new_tokens": args.max_new_tokens,
                                "max_prompt_tokens": args.max_prompt_tokens}
+        if args.answer_turn != 1:     # first-turn caches keep the identity they were written with
+            identity["answers"]["turn"] = args.answer_turn
     cache = tf.TeacherCache(cache_dir, identity)
     encode = lambda c: tf.encode_conversation(target.tokenizer, c, args.max_seq_tokens)  # noqa: E731
     if not cache.shards and not (cache.dir / "target.safetensors").is_file():
@@ -290,7 +297,8 @@ def _teacher_data(args: argparse.Namespace, target_path: Path, layout: Any,
         complete = tf.fill_cache_answers(
             cache, target, convs, layout, draft_ids, k=args.topk, store_dtype="bfloat16",
             want_tokens=args.teacher_tokens, max_new_tokens=args.max_new_tokens,
-            max_prompt_tokens=args.max_prompt_tokens, gen_batch=args.gen_batch,
+            max_prompt_tokens=args.max_prompt_tokens, turn=args.answer_turn,
+            gen_batch=args.gen_batch,
             deadline=deadline, progress=progress)
     else:
         complete = tf.fill_cache(cache, target, convs, encode, layout, draft_ids, k=args.topk,
@@ -458,7 +466,8 @@ def _run_train(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
                  "vocab_prompts", "draft_vocab", "teacher_tokens", "max_seq_tokens", "topk",
-                 "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers"):
+                 "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers",
+                 "answer_turn"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.first_conversation < 0 or (args.first_conversation and args.source == "generated"):
@@ -468,6 +477,9 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.answers == "target" and args.source == "generated":
         raise Eagle3Error("--answers target chooses the assistant turns of the teacher-forced "
                           "data; use it with --source teacher (or mix).")
+    if args.answer_turn != 1 and args.answers != "target":
+        raise Eagle3Error(f"--answer-turn {args.answer_turn} chooses which user turn the target "
+                          "answers; use it with --answers target.")
     if args.add_teacher_cache and args.source == "generated":
         raise Eagle3Error("--add-teacher-cache adds teacher-forced data; use it with --source "
                           "teacher (or mix).")

@@ -492,29 +492,30 @@ def fill_cache(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
                  deadline=deadline, progress=progress)
 
 
-def first_turn_prompt(conv: Conversation) -> Any:
-    """The conversation up to its first user turn (a system turn before it kept), as the
-    verify ``Prompt`` that ``eagle3 eval`` and the server render; None when it opens
-    with no user turn."""
+def turn_prompt(conv: Conversation, turn: int = 1) -> Any:
+    """The conversation up to its ``turn``-th user turn (1: the first; the recorded turns
+    before it kept, system turns included), as the verify ``Prompt`` that ``eagle3 eval``
+    and the server render; None when anything but system turns precedes its first user
+    turn, or it has fewer user turns."""
     from eagle3_backend.verify.datasets import Prompt
 
-    for k, (role, _) in enumerate(conv.messages):
-        if role == "user":
-            return Prompt(conv.id, conv.messages[:k + 1])
-        if role != "system":
-            return None
-    return None
+    users = [k for k, (role, _) in enumerate(conv.messages) if role == "user"]
+    if (turn < 1 or len(users) < turn
+            or any(role != "system" for role, _ in conv.messages[:users[0]])):
+        return None
+    return Prompt(conv.id, conv.messages[:users[turn - 1] + 1])
 
 
 def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Conversation],
                        layout: Layout, draft_ids: torch.Tensor, *, k: int, store_dtype: str,
                        want_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
-                       gen_batch: int = 32, shard_prompts: int = 128,
+                       turn: int = 1, gen_batch: int = 32, shard_prompts: int = 128,
                        deadline: float | None = None, progress: bool = False) -> bool:
     """:func:`fill_cache` with the target's own greedy answers as the assistant turns.
 
-    Each conversation's first user turn (through the chat template, as served; longer
-    than ``max_prompt_tokens`` skipped) is answered greedily, ``max_new_tokens`` at most,
+    Each conversation's ``turn``-th user turn with the recorded turns before it (through
+    the chat template, as served; conversations with fewer user turns, or longer than
+    ``max_prompt_tokens``, skipped) is answered greedily, ``max_new_tokens`` at most,
     in length-sorted batches of ``gen_batch``, capturing the layout's states as the
     answer is generated, so the stored tokens are the ones the target produced and no
     second pass runs. Labels are the target's argmax (the next answer token); the top-k
@@ -530,7 +531,7 @@ def fill_cache_answers(cache: TeacherCache, target: Any, convs: Sequence[Convers
     def shard(pos: int, need: int, bar: Any) -> tuple[list[Record] | None, int]:
         chunk: list[tuple[str, list[int]]] = []
         while pos < len(convs) and len(chunk) < shard_prompts:
-            p = first_turn_prompt(convs[pos])
+            p = turn_prompt(convs[pos], turn)
             ids = render_prompt(target.tokenizer, p) if p is not None else []
             if 0 < len(ids) <= max_prompt_tokens:
                 chunk.append((convs[pos].id, ids))

@@ -214,7 +214,7 @@ def test_target_answers_are_the_targets_greedy_replies_and_resume_by_shard(tmp_p
     assert sorted(s.id for s in seqs) == ["c0", "c1", "c2", "c3", "sys"]      # "long" skipped
     by_id = {c.id: c for c in convs}
     for s in seqs:
-        prompt = render_prompt(tok, tf.first_turn_prompt(by_id[s.id]))
+        prompt = render_prompt(tok, tf.turn_prompt(by_id[s.id]))
         P, L = len(prompt), int(s.tokens.shape[0])
         assert s.tokens[:P].tolist() == prompt and s.prompt_len == P and 1 <= L - P <= 5
         assert s.assistant.tolist() == [False] * P + [True] * (L - P)
@@ -239,3 +239,40 @@ def test_target_answers_are_the_targets_greedy_replies_and_resume_by_shard(tmp_p
     again = tf.TeacherCache(tmp_path / "part", _identity()).sequences()
     assert [(s.id, s.tokens.tolist()) for s in again] == [(s.id, s.tokens.tolist()) for s in seqs]
     assert all(torch.equal(a.aux, b.aux) for a, b in zip(again, seqs))
+
+
+def test_turn_prompt_keeps_the_recorded_turns_before_the_nth_user_turn():
+    conv = tf.Conversation("t", (("system", "S"), ("user", "u1"), ("assistant", "a1"),
+                                 ("user", "u2"), ("assistant", "a2"), ("user", "u3")))
+    assert tf.turn_prompt(conv).messages == (("system", "S"), ("user", "u1"))
+    assert tf.turn_prompt(conv, 2).messages == conv.messages[:4]
+    assert tf.turn_prompt(conv, 3).messages == conv.messages
+    assert tf.turn_prompt(conv, 4) is None and tf.turn_prompt(conv, 0) is None
+    opens_with_assistant = tf.Conversation("a", (("assistant", "hi"), ("user", "u1")))
+    assert tf.turn_prompt(opens_with_assistant) is None
+
+
+def test_second_turn_answers_follow_the_recorded_first_exchange(tmp_path, tiny_target):
+    """--answer-turn 2: the prompt is the chat through its second user turn (the recorded
+    first answer kept as context, without loss); single-turn chats are skipped."""
+    from eagle3_backend.verify.datasets import render_prompt
+
+    tok = tiny_target.tokenizer
+    convs = [tf.Conversation("one", (("user", "Name a fish."), ("assistant", "Cod."))),
+             *conversations(3)]
+    vocab = torch.arange(64) * 5
+    cache = tf.TeacherCache(tmp_path / "t2", _identity())
+    assert tf.fill_cache_answers(cache, tiny_target, convs, LAYOUT, vocab, k=4,
+                                 store_dtype="bfloat16", want_tokens=10**6, max_new_tokens=4,
+                                 max_prompt_tokens=200, turn=2, gen_batch=2, shard_prompts=8)
+    seqs = {s.id: s for s in cache.sequences()}
+    assert sorted(seqs) == ["c0", "c1", "c2"]                                # "one" skipped
+    for c in convs[1:]:
+        s = seqs[c.id]
+        prompt = render_prompt(tok, tf.turn_prompt(c, 2))
+        P, L = len(prompt), int(s.tokens.shape[0])
+        assert s.tokens[:P].tolist() == prompt and 1 <= L - P <= 4
+        assert "The sea is salty" in tok.decode(prompt) and "More?" in tok.decode(prompt)
+        assert s.assistant.tolist() == [False] * P + [True] * (L - P)
+        ref = tf.teacher_batch(tiny_target, [s.tokens.tolist()], LAYOUT, vocab, 4, torch.float32)[0]
+        assert s.labels[P - 1:].tolist() == ref["labels"][P - 1:].tolist() == s.tokens[P:].tolist()
