@@ -82,6 +82,11 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run")
+    p.add_argument("--turn", type=int, default=1, metavar="N",
+                   help="evaluate the Nth user turn: the target first answers the turns before "
+                        "it greedily (--max-new-tokens each) and its answers stay in the chat, "
+                        "as a chat client sends them; prompts with fewer turns are skipped "
+                        "(MT-Bench has 2; default 1)")
     p.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help(True))
     p.add_argument("--no-chat-template", action="store_true",
                    help="encode the raw user text (default: the target tokenizer's chat template)")
@@ -100,7 +105,7 @@ def _default_name(kind: str, dataset: str, extra: str) -> str:
 def run_eval(args: argparse.Namespace) -> int:
     from eagle3_backend.verify.datasets import load_prompts
     from eagle3_backend.verify.engine import load_draft_model
-    from eagle3_backend.verify.evaluate import evaluate
+    from eagle3_backend.verify.evaluate import at_turn, evaluate
     from eagle3_backend.verify.targets import load_target, parse_dtype, resolve_device, set_threads
     from eagle3_backend.verify.tree import SpecSettings
 
@@ -112,18 +117,25 @@ def run_eval(args: argparse.Namespace) -> int:
                             args.speculative_num_draft_tokens)
     if args.max_new_tokens < 1:
         raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    if args.turn < 1 or (args.turn > 1 and args.no_chat_template):
+        raise Eagle3Error(f"--turn {args.turn}: a user turn from 1 on, asked through the chat "
+                          "template (a later turn is a chat; drop --no-chat-template).")
     files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle,
                          progress=not args.no_progress)
     draft = load_draft_model(args.draft, target, device=device, dtype=dtype)
+    prompts, skipped = at_turn(target, prompts, args.turn, args.max_new_tokens,
+                               progress=not args.no_progress)
     result = evaluate(target, draft, prompts, settings, args.max_new_tokens, args.temperature,
                       args.seed, baseline=not args.no_baseline,
                       chat_template=not args.no_chat_template, progress=not args.no_progress)
     result["target"] = target.path
     result["draft"] = str(args.draft)
     result["dataset"] = args.dataset
+    result["turn"] = args.turn
+    result["prompts_without_turn"] = skipped
     result["device"] = str(device)
     failed = _try_write(result, lambda: _write_eval_files(args, settings, result, *files_at)
                         if files_at is not None else None)
@@ -194,8 +206,10 @@ def _by_category(cats: dict[str, dict[str, Any]]) -> str:
 
 def _print_eval(r: dict[str, Any]) -> None:
     rates = ", ".join(_fmt(x) for x in r["acceptance_rate_by_position"])
-    print(f"prompts               {r['n_prompts']}  ({r['dataset']}, {r['max_new_tokens']} new tokens,"
-          f" temperature {r['temperature']:g}, {r['dtype']}, {r['device']})")
+    turn = (f", turn {r['turn']} ({r['prompts_without_turn']} without it skipped)"
+            if r.get("turn", 1) > 1 else "")
+    print(f"prompts               {r['n_prompts']}  ({r['dataset']}{turn}, {r['max_new_tokens']} new"
+          f" tokens, temperature {r['temperature']:g}, {r['dtype']}, {r['device']})")
     print(f"settings              {r['settings']}")
     print(f"acceptance length     {_fmt(r['acceptance_length'])} tokens / verify step "
           f"({r['completion_tokens']} tokens, {r['verify_steps']} steps)")

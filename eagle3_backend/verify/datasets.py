@@ -27,7 +27,8 @@
     accepted; content is a string or OpenAI text parts (joined with a newline). A list
     ending with a user turn is the prompt whole; a recorded chat (ending with an assistant
     turn) gives its leading system turns and first user turn, as ``sharegpt`` does;
-  - ``turns`` (MT-Bench / Spec-Bench ``question.jsonl``): the first turn;
+  - ``turns`` (MT-Bench / Spec-Bench ``question.jsonl``): the first turn, the later ones
+    kept as follow-ups (``eagle3 eval --turn N``);
   - ``instruction`` (+ ``input`` after a blank line; Alpaca);
   - ``data``: a list of strings, alternately user and assistant (UltraChat): the first;
   - a bare JSON string (``["...", "..."]``): the user turn.
@@ -82,12 +83,14 @@ class DatasetError(Eagle3Error, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One evaluation request: an id, chat messages ending with a user turn, and the record's
-    category when it names one (MT-Bench's "coding", "writing", ...)."""
+    """One evaluation request: an id, chat messages ending with a user turn, the record's
+    category when it names one (MT-Bench's "coding", "writing", ...), and the user turns
+    its record asks after the model's answer (MT-Bench's second turn; ``eagle3 eval --turn``)."""
 
     id: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
     category: str | None = None
+    follow_ups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -145,7 +148,7 @@ def sharegpt_path() -> Path:
 
 
 def read_mtbench(path: str | Path | None = None, limit: int | None = None) -> list[Prompt]:
-    """First turn of each MT-Bench question."""
+    """Each MT-Bench question: its first turn, the second kept as its follow-up."""
     path = Path(path) if path is not None else mtbench_path()
     out = []
     with open(path, encoding="utf-8") as f:
@@ -154,10 +157,10 @@ def read_mtbench(path: str | Path | None = None, limit: int | None = None) -> li
                 continue
             row = json.loads(line)
             turns = row.get("turns")
-            if not turns or not isinstance(turns[0], str):
+            if not turns or not all(isinstance(t, str) for t in turns):
                 raise DatasetError(f"{path}:{lineno}: expected a 'turns' list of strings, got {turns!r}.")
             out.append(Prompt(f"mt-bench-{row.get('question_id', lineno)}", (("user", turns[0]),),
-                              _category(row)))
+                              _category(row), tuple(turns[1:])))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -406,9 +409,10 @@ def _row_messages(row: dict[str, Any], default_id: str, tally: _Tally) -> Prompt
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise DatasetError(f"'turns' must be a non-empty list of strings, got {_short(turns)}.")
         if len(turns) > 1:
-            tally.note("multi-turn questions (only the first turn is used: later turns need "
-                       "the model's own earlier answers)")
-        return Prompt(pid, head + (("user", _prompt_text(turns[0], "turns[0]")),))
+            tally.note("multi-turn questions (the first turn is asked; `eagle3 eval --turn N` "
+                       "asks the Nth after the model's own earlier answers)")
+        return Prompt(pid, head + (("user", _prompt_text(turns[0], "turns[0]")),),
+                      follow_ups=tuple(turns[1:]))
     if "instruction" in row:  # Alpaca: instruction, then the input after a blank line
         text = _prompt_text(row["instruction"], "instruction")
         extra = row.get("input")

@@ -28,7 +28,7 @@ from eagle3_backend.verify.tree import SpecSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "at_turn"]
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -36,6 +36,41 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def at_turn(target: Target, prompts: Sequence[Prompt], turn: int, max_new_tokens: int,
+            progress: bool = False) -> tuple[list[Prompt], int]:
+    """The prompts as their ``turn``-th user turn (1: as they are): the target answers each
+    earlier turn greedily (``max_new_tokens`` at most), and its answer's text goes back into
+    the chat before the next follow-up, as a chat client sends it. Returns those prompts and
+    how many were skipped for having fewer turns."""
+    if turn < 1:
+        raise Eagle3Error(f"--turn must be >= 1, got {turn}.")
+    if turn == 1:
+        return list(prompts), 0
+    keep = [p for p in prompts if len(p.follow_ups) >= turn - 1]
+    if not keep:
+        raise Eagle3Error(f"--turn {turn}: none of the {len(prompts)} prompts has {turn} user "
+                          "turns (MT-Bench has 2; a file gives follow-ups in a 'turns' list).")
+    out = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(keep) * (turn - 1), desc=f"answers before turn {turn}", unit="answer")
+    for p in keep:
+        messages = list(p.messages)
+        for follow_up in p.follow_ups[:turn - 1]:
+            ids = render_prompt(target.tokenizer, Prompt(p.id, tuple(messages)))
+            answer = generate_target_only(target, ids, max_new_tokens).tokens
+            text = target.tokenizer.decode(answer, skip_special_tokens=True)
+            messages += [("assistant", text), ("user", follow_up)]
+            if bar is not None:
+                bar.update()
+        out.append(Prompt(p.id, tuple(messages), p.category, p.follow_ups[turn - 1:]))
+    if bar is not None:
+        bar.close()
+    return out, len(prompts) - len(keep)
 
 
 def evaluate(

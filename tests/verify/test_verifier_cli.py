@@ -109,6 +109,34 @@ def test_eval_bad_input_exits_2(capsys, tiny_target_dir, demo_draft, tmp_path):
     assert "verifies exactly 4 tokens" in capsys.readouterr().err
 
 
+def test_eval_turn_2_asks_the_follow_up_after_the_targets_own_answer(capsys, tmp_path,
+                                                                    tiny_target_dir, demo_draft):
+    from eagle3_backend.verify.datasets import Prompt, render_prompt
+    from eagle3_backend.verify.engine import generate_target_only
+    from eagle3_backend.verify.targets import load_target
+
+    path = tmp_path / "turns.jsonl"
+    path.write_text(json.dumps({"question_id": 7, "turns": ["Name a colour.", "Another one?"]})
+                    + "\n" + json.dumps({"prompt": "One turn only."}) + "\n", encoding="utf-8")
+    args = ["--target", tiny_target_dir, "--draft", demo_draft, "--dataset", path,
+            "--max-new-tokens", 6]
+    code, r = _eval(capsys, *args, "--turn", 2)
+    assert code == 0
+    assert (r["n_prompts"], r["turn"], r["prompts_without_turn"]) == (1, 2, 1)
+    assert r["outputs_identical"] is True
+    target = load_target(tiny_target_dir, progress=False)
+    tok = target.tokenizer
+    first = generate_target_only(target, render_prompt(tok, Prompt("7", (("user", "Name a colour."),))), 6)
+    chat = (("user", "Name a colour."), ("assistant", tok.decode(first.tokens, skip_special_tokens=True)),
+            ("user", "Another one?"))
+    assert r["per_prompt"][0]["prompt_tokens"] == len(render_prompt(tok, Prompt("7", chat)))
+    assert _eval(capsys, *args)[1]["turn"] == 1
+    assert main(["eval", *map(str, args), "--turn", "3", "--no-progress"]) == 2
+    assert "--turn 3: none of the 2 prompts has 3 user turns" in capsys.readouterr().err
+    assert main(["eval", *map(str, args), "--turn", "2", "--no-chat-template"]) == 2
+    assert "drop --no-chat-template" in capsys.readouterr().err
+
+
 def test_bench_cli_json_and_plots(capsys, tmp_path, serve, prompts_file):
     spec, base = serve(), serve(spec=False)
     code = main(["bench", "--url", spec.url, "--baseline-url", base.url, "--dataset", str(prompts_file),

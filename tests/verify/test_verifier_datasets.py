@@ -29,6 +29,9 @@ def test_mtbench_has_80_first_turns():
                                     "trip to Hawaii, highlighting cultural experiences and "
                                     "must-see attractions."),)
     assert [p.id for p in load_prompts("mt-bench", limit=3)] == ["mt-bench-81", "mt-bench-82", "mt-bench-83"]
+    assert prompts[0].follow_ups == ("Rewrite your previous response. Start every sentence with "
+                                     "the letter A.",)
+    assert all(len(p.follow_ups) == 1 for p in prompts)                 # every question has 2 turns
     by_category = {}
     for p in prompts:
         by_category[p.category] = by_category.get(p.category, 0) + 1
@@ -208,7 +211,8 @@ SHAPES = {
 @pytest.mark.parametrize("name", SHAPES)
 def test_record_shapes(tmp_path, name):
     record, pid, messages = SHAPES[name]
-    want = Prompt(pid, messages, record.get("category"))  # only the MT-Bench record names one
+    want = Prompt(pid, messages, record.get("category"),  # only the MT-Bench record names one,
+                  tuple(record.get("turns", [""])[1:]))   # and asks a follow-up
     assert load_prompts(str(_jsonl(tmp_path / "f.jsonl", record))) == [want]
 
 
@@ -271,8 +275,9 @@ def test_skips_and_cuts_are_reported_in_one_warning(tmp_path, caplog):
     assert [(p.id, p.messages) for p in got] == [("ok", (("user", "Q"),)), ("1", (("user", "T1"),))]
     assert caplog.messages == [
         f"{path}: 2 prompts; skipped 4 of 6 records (1 open with an assistant turn, 2 have no user "
-        f"turn, 1 have an empty user turn); {RECORDED}: 1; multi-turn questions (only the first "
-        "turn is used: later turns need the model's own earlier answers): 1"]
+        f"turn, 1 have an empty user turn); {RECORDED}: 1; multi-turn questions (the first turn "
+        "is asked; `eagle3 eval --turn N` asks the Nth after the model's own earlier answers): 1"]
+    assert [p.follow_ups for p in got] == [(), ("T2",)]
     caplog.clear()
     none = _jsonl(tmp_path / "none.jsonl", {"conversations": [{"from": "gpt", "value": "Hi"}]},
                   {"messages": []})
