@@ -291,6 +291,9 @@ def grouped_sdpa_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     verify's attention at a few hundred cached tokens. Every other call is transformers' own."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    out = _few_query_kernel(module, query, key, value, attention_mask, kwargs)
+    if out is not None:
+        return out, None
     groups = getattr(module, "num_key_value_groups", 1)
     if (attention_mask is None or groups == 1 or key.shape[-1] != value.shape[-1]
             or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
@@ -300,6 +303,57 @@ def grouped_sdpa_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
         query, key, value, attn_mask=attention_mask, dropout_p=kwargs.get("dropout", 0.0),
         scale=kwargs.get("scaling"), enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+FEW_QUERIES = 16   # a decode, a verify tree, a draft step: more queries go to SDPA
+# attention-call arguments that do not change the attention (anything else keeps SDPA)
+_PLAIN_KWARGS = frozenset({"dropout", "scaling", "position_ids", "cache_position", "use_cache",
+                           "past_key_values", "output_attentions", "sliding_window", "is_causal"})
+_mask_memo: list[Any] = [None, None]   # [the last mask given, its new-key block or False]
+
+
+def _new_key_block(mask: torch.Tensor, t: int) -> "torch.Tensor | bool":
+    """bool [T, T]: which of the T new keys each query sees under a transformers 4D mask
+    [1, 1, T, L] (bool True = attend, or additive float: 0 = attend), or False when some
+    query does not see every earlier key (then the kernel cannot take it). Memoized for the
+    last mask: one forward passes the same mask to every layer."""
+    if _mask_memo[0] is mask:
+        return _mask_memo[1]
+    m = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+    prefix = m.shape[-1] - t
+    block = m[:, prefix:].contiguous() if bool(m[:, :prefix].all()) else False
+    _mask_memo[:] = [mask, block]
+    return block
+
+
+def _few_query_kernel(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: "torch.Tensor | None", kwargs: dict) -> "torch.Tensor | None":
+    """[1, T, Hq, D] from the CPU paged-attention kernel (``cpu.ops.attention.attend_dense``)
+    for one sequence's few new queries over its cache, plain causal or under the verifier's
+    tree mask; None for anything else (prefills, batches, sliding windows, softcaps, sinks,
+    another device or dtype, no kernel). Why: SDPA costs about 2.5x as much for a 6-token
+    tree as for one token here, the kernel reads each key once for all rows; and a row's
+    result no longer depends on how many tokens are verified with it."""
+    t = query.shape[2]
+    if (query.device.type != "cpu" or query.shape[0] != 1 or t > FEW_QUERIES
+            or not getattr(module, "is_causal", True) or kwargs.get("dropout", 0.0)
+            or kwargs.get("sliding_window") or kwargs.get("output_attentions")
+            or kwargs.get("is_causal", True) is False or not _PLAIN_KWARGS.issuperset(kwargs)
+            or getattr(module, "training", False) or torch.is_grad_enabled()
+            or (mask is not None and (mask.dim() != 4 or mask.shape[:2] != (1, 1)
+                                      or mask.shape[-2:] != (t, key.shape[2])))):
+        return None
+    block = None
+    if mask is not None:
+        block = _new_key_block(mask, t)
+        if block is False:
+            return None
+    from eagle3_backend.cpu.ops.attention import attend_dense
+
+    scale = kwargs.get("scaling")
+    out = attend_dense(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                       block, query.shape[-1] ** -0.5 if scale is None else float(scale))
+    return None if out is None else out.unsqueeze(0)
 
 
 def _grouped_kv_attention(model: Any) -> bool:

@@ -206,43 +206,89 @@ def test_in_place_cache_bit_equal_to_transformers_dynamic_cache(smol_target, enc
 
 
 @torch.inference_mode()
-def test_tree_verify_groups_kv_heads_bit_equal_to_transformers_sdpa(smol_target, encoded,
-                                                                    monkeypatch):
-    """load_target puts the CPU target on grouped_sdpa_attention: a masked (tree) verify
-    never copies SmolLM2's 3 KV heads out to its 9 query heads, where transformers' sdpa
-    does for every layer, and gives the same logits bit for bit; so does the decode after it."""
+def test_few_query_attention_runs_the_kernel_rows_equal_their_decodes(smol_target, encoded,
+                                                                      monkeypatch):
+    """load_target puts the CPU target on grouped_sdpa_attention, which sends a sequence's few
+    new queries (a decode, a 5-node tree verify) to the paged-attention kernel: SDPA is not
+    called, the logits match transformers' sdpa to fp32 rounding, and every verified node's
+    row is bit for bit the row a one-token decode of that node gives after its ancestors."""
     from transformers.integrations import sdpa_attention
 
-    from eagle3_backend.verify.targets import GROUPED_SDPA
+    from eagle3_backend.verify import targets
 
     model = smol_target.model
-    assert model.config._attn_implementation == GROUPED_SDPA
+    assert model.config._attn_implementation == targets.GROUPED_SDPA
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(a[0].shape[2]) or real_sdpa(*a, **k))
+    prefix = encoded[0][:40]
+    P = len(prefix)
+    tree = DraftTree.from_parents(torch.tensor([504, 3575, 282, 4649, 314]), [-1, 0, 0, 2, 2])
+    pos = P + torch.tensor(tree.depths)[None]
+    got = {}
+    try:
+        for impl in (targets.GROUPED_SDPA, "sdpa"):
+            model.set_attn_implementation(impl)
+            cache = _new_cache(smol_target)
+            _causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None], cache)
+            calls.clear()
+            verify = _causal_lm_forward(smol_target, tree.tokens[None], pos, cache,
+                                        mask=tree.attention_mask(P))
+            keep_cache_rows(cache, P, [0, 2, 4])
+            decode = _causal_lm_forward(smol_target, torch.tensor([[13]]), torch.tensor([[P + 3]]), cache)
+            got[impl] = (verify, decode, list(calls))
+    finally:
+        model.set_attn_implementation(targets.GROUPED_SDPA)
+    assert got[targets.GROUPED_SDPA][2] == [] and got["sdpa"][2] == [5] * smol_target.num_layers + [1] * smol_target.num_layers
+    for ours, ref in zip(got[targets.GROUPED_SDPA][:2], got["sdpa"][:2]):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    # node n of the verify = a decode of n after the prefix and n's ancestors, bit for bit
+    verify = got[targets.GROUPED_SDPA][0]
+    for node in range(len(tree.tokens)):
+        path = tree.path(node)
+        cache = _new_cache(smol_target)
+        _causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None], cache)
+        for depth, n in enumerate(path):
+            row = _causal_lm_forward(smol_target, tree.tokens[n].view(1, 1),
+                                     torch.tensor([[P + depth]]), cache)
+        assert torch.equal(row[0], verify[node]), node
+
+
+@torch.inference_mode()
+def test_many_query_tree_verify_groups_kv_heads_bit_equal_to_transformers_sdpa(smol_target, encoded,
+                                                                              monkeypatch):
+    """A tree wider than the kernel takes (more than FEW_QUERIES nodes) stays on SDPA, whose
+    grouped call never copies SmolLM2's 3 KV heads out to its 9 query heads, where
+    transformers' sdpa does for every layer, and gives the same logits bit for bit."""
+    from transformers.integrations import sdpa_attention
+
+    from eagle3_backend.verify import targets
+
+    model = smol_target.model
     repeats = []
     real_repeat = sdpa_attention.repeat_kv
     monkeypatch.setattr(sdpa_attention, "repeat_kv",
                         lambda x, n: repeats.append(n) or real_repeat(x, n))
     prefix = encoded[0][:40]
     P = len(prefix)
-    tree = DraftTree.from_parents(torch.tensor([504, 3575, 282, 4649, 314]), [-1, 0, 0, 2, 2])
+    n = targets.FEW_QUERIES + 2
+    tree = DraftTree.from_parents(torch.arange(500, 500 + n), [-1] + [(i - 1) // 2 for i in range(1, n)])
     pos = P + torch.tensor(tree.depths)[None]
     got, copies = {}, {}
     try:
-        for impl in (GROUPED_SDPA, "sdpa"):
+        for impl in (targets.GROUPED_SDPA, "sdpa"):
             model.set_attn_implementation(impl)
             cache = _new_cache(smol_target)
             _causal_lm_forward(smol_target, torch.tensor([prefix]), torch.arange(P)[None], cache)
             repeats.clear()
-            verify = _causal_lm_forward(smol_target, tree.tokens[None], pos, cache,
-                                        mask=tree.attention_mask(P))
+            got[impl] = _causal_lm_forward(smol_target, tree.tokens[None], pos, cache,
+                                           mask=tree.attention_mask(P))
             copies[impl] = list(repeats)
-            keep_cache_rows(cache, P, [0, 2, 4])
-            decode = _causal_lm_forward(smol_target, torch.tensor([[13]]), torch.tensor([[P + 3]]), cache)
-            got[impl] = (verify, decode)
     finally:
-        model.set_attn_implementation(GROUPED_SDPA)
-    assert copies == {GROUPED_SDPA: [], "sdpa": [3] * (2 * smol_target.num_layers)}
-    assert torch.equal(got[GROUPED_SDPA][0], got["sdpa"][0])
-    assert torch.equal(got[GROUPED_SDPA][1], got["sdpa"][1])
+        model.set_attn_implementation(targets.GROUPED_SDPA)
+    assert copies == {targets.GROUPED_SDPA: [], "sdpa": [3] * (2 * smol_target.num_layers)}
+    assert torch.equal(got[targets.GROUPED_SDPA], got["sdpa"])
 
 
 def test_verify_greedy_oracle_cases():

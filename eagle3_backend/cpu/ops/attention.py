@@ -59,6 +59,36 @@ def _kernel_takes(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tenso
             and (k_new is None or (k_new.dtype == dt and k_new.shape[1:] == k_buffer.shape[1:])))
 
 
+_dense_rows: dict[str, torch.Tensor] = {}
+
+
+def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: torch.Tensor | None,
+                 scale: float) -> torch.Tensor | None:
+    """The kernel's attention for one sequence whose keys lie in order in a dense cache (the
+    offline verifier's transformers target): T new queries q [T, Hq, D] over k [L, Hkv, D],
+    v [L, Hkv, D] (any strides with the head dim contiguous), the last T keys the queries'
+    own. Every query sees the first L - T keys; among its own, those ``block`` (bool [T, T],
+    True = attend: a verify tree) or, when None, causality allows. Returns [T, Hq, D] in
+    q's dtype, or None when the kernel is unavailable or does not take these operands (the
+    caller keeps its own path). Each row's result is the same bit for bit whatever the other
+    rows are, as in a served step."""
+    mod = kernel()
+    t, L = q.shape[0], k.shape[0]
+    if (mod is None or q.dim() != 3 or k.dim() != 3 or v.shape[-1] != q.shape[-1] or t > L
+            or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1] != 0
+            or not _kernel_takes(q, k, v, q, None, 1.0, 1.0, None)):
+        return None
+    rows = _dense_rows.get("rows")
+    if rows is None or rows.numel() < L:
+        rows = _dense_rows["rows"] = torch.arange(max(L, 4096), dtype=torch.int32)
+    out = q.new_empty(q.shape)
+    zero = torch.zeros(1, dtype=torch.int64)
+    mod.paged_attention(q, out, k, v, None, None, rows[:L].view(1, L), zero,
+                        torch.tensor([L]), torch.tensor([t]), zero,
+                        None if block is None else block.reshape(-1), True, scale, 0.0, 0)
+    return out
+
+
 def _softmax(s: torch.Tensor, logit_cap: float, sinks: torch.Tensor | None,
              mask: torch.Tensor | None) -> torch.Tensor:
     """Attention weights from scaled fp32 scores s: [..., Hkv, G, M, L].
