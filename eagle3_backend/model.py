@@ -458,14 +458,16 @@ class Eagle3DraftModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                 positions: torch.Tensor | None = None, cache: DraftKVCache | None = None,
                 attn_mask: torch.Tensor | None = None, projected: bool | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft pass over T new tokens.
 
         input_ids [B, T] target-vocab ids; hidden [B, T, H] (projected) or [B, T, K*Ht]
         (target states, projected here); positions [B, T] (default: cache length + arange);
         cache: appended to in place; attn_mask [B|1, T, L+T] bool over the L cached and T
         new keys (True = attend; default causal). Returns logits [B, T, Vd] over the draft
-        vocabulary and next_hidden [B, T, H] for the next draft step.
+        vocabulary (``last_logits``: [B, 1, Vd], the last token's only, as a drafting extend
+        needs: the LM head then multiplies one row, not T) and next_hidden [B, T, H] for the
+        next draft step.
         """
         B, T = input_ids.shape
         past = cache.length if cache is not None else 0
@@ -489,10 +491,11 @@ class Eagle3DraftModel(nn.Module):
         if cache is not None:
             cache.advance(T)
         normed = self.norm(out)
+        head_in = normed[:, -1:] if last_logits else normed
         if self.config.tie_word_embeddings or self.lm_head.weight.dtype != normed.dtype:
-            logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, Vd]
+            logits = F.linear(head_in, self.head_weight.to(normed.dtype))  # [B, T|1, Vd]
         else:                 # the layer itself: on CPU it may stream a bf16 copy (few_row_linears)
-            logits = self.lm_head(normed)
+            logits = self.lm_head(head_in)
         return logits, (normed if self.config.norm_output else out)
 
 

@@ -119,13 +119,14 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def draft_norm(layer, mod, native, x):
-    """``eagle3_backend.model.RMSNorm.forward`` in one kernel call (fp32 / bf16 x, no autograd)."""
+def draft_norm(layer, mod, native, x, eps="eps"):
+    """``eagle3_backend.model.RMSNorm.forward`` (or a transformers Llama-family RMSNorm's, its
+    epsilon in attribute ``eps``) in one kernel call (fp32 / bf16 x, no autograd)."""
     w = layer.weight
     if (_needs_grad(x, w) or x.dtype not in _NORM_DTYPES or x.device.type != "cpu"
             or x.shape[-1] != w.shape[0] or x.numel() == 0):
         return native(x)
-    return mod.rms_norm(x, w, layer.eps)[0]
+    return mod.rms_norm(x, w, getattr(layer, eps))[0]
 
 
 def _draft_cos_sin(attn, positions: int) -> torch.Tensor:
@@ -173,3 +174,49 @@ def fuse_draft(model: torch.nn.Module, mod: Any | None = None) -> dict[str, int]
             m.rotate = functools.partial(draft_rotary, m, mod, m.rotate)
             counts["rotary"] += 1
     return counts
+
+
+# transformers RMSNorms whose forward is x * rsqrt(mean(x^2) + eps) in fp32, back in x's dtype,
+# times the weight: the kernel's semantics (Gemma's 1 + weight, for one, is not)
+_TRANSFORMERS_NORMS = (("llama", "LlamaRMSNorm"), ("mistral", "MistralRMSNorm"),
+                       ("qwen2", "Qwen2RMSNorm"), ("qwen3", "Qwen3RMSNorm"))
+
+
+def transformers_norm_classes() -> tuple[type, ...]:
+    import importlib
+
+    out = []
+    for model, name in _TRANSFORMERS_NORMS:
+        try:
+            out.append(getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(out)
+
+
+def _target_norm(layer, mod, native, x):
+    # transformers multiplies the weight in x's dtype: the kernel's rule when the two agree
+    if x.dtype != layer.weight.dtype:
+        return native(x)
+    return draft_norm(layer, mod, native, x, eps="variance_epsilon")
+
+
+def fuse_target(model: torch.nn.Module, mod: Any | None = None) -> int:
+    """Point the RMSNorms of a transformers target on the CPU (the offline verifier's; the
+    Llama-family classes in ``_TRANSFORMERS_NORMS``, exactly) at the kernel: two a layer, one
+    call instead of about eight ops, and rows computed alone. A call that needs gradients or
+    another dtype keeps the layer's forward. Returns how many were fused (0 when off)."""
+    if not enabled():
+        return 0
+    mod = mod or small_gemm.load()
+    if mod is None:
+        return 0
+    classes = transformers_norm_classes()
+    count = 0
+    for m in model.modules():
+        if (type(m) in classes and isinstance(getattr(m, "weight", None), torch.Tensor)
+                and m.weight.dim() == 1 and m.weight.device.type == "cpu"
+                and isinstance(getattr(m, "variance_epsilon", None), float)):
+            m.forward = functools.partial(_target_norm, m, mod, m.forward)
+            count += 1
+    return count

@@ -261,8 +261,11 @@ def load_target(
         from eagle3_backend.cpu.small_gemm import few_row_linears
 
         # a k-token verify forward then costs about what a 1-token decode does (see there)
+        from eagle3_backend.cpu.layer_ops import fuse_target
+
         n = few_row_linears(model)
-        logger.info("target: %d linear layers use the few-row CPU kernel for 2..16 rows", n)
+        logger.info("target: %d linear layers use the few-row CPU kernel for 1..16 rows, %d "
+                    "RMSNorms the norm kernel", n, fuse_target(model))
     config = model.config
     layers = decoder_layers(model)
     return Target(

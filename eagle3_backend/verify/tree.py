@@ -182,7 +182,8 @@ def draft_tree(
     T = ext_ids.shape[1]
     start = cache.length
     positions = (start + torch.arange(T, device=device))[None]       # [1, T]
-    logits, hidden = model(ext_ids, ext_hidden, positions, cache, projected=False)
+    logits, hidden = model(ext_ids, ext_hidden, positions, cache, projected=False,
+                           last_logits=True)
     prefix = cache.length                                             # == root position
 
     # pool of scored nodes: target token, parent pool index (-1 = root), score

@@ -263,3 +263,55 @@ def test_fuse_draft_matches_the_plain_draft_and_keeps_autograd(kernel, dtype):
     assert got.requires_grad and torch.equal(got, want)
     got.float().sum().backward()
     assert fused.midlayer.hidden_norm.weight.grad is not None
+
+
+@pytest.mark.parametrize("cls", layer_ops.transformers_norm_classes(), ids=lambda c: c.__name__)
+def test_fuse_target_norms_match_transformers_and_fall_back(kernel, cls):
+    """fuse_target puts a transformers target's Llama-family RMSNorms on the norm kernel:
+    equal to the class's own forward to fp32 rounding and to fp64, each row bit for bit the
+    row normed alone; a call with another dtype than the weight or needing gradients runs
+    transformers' forward (bit-equal), and other norm classes are left alone."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    plain, fused, other = cls(576, eps=1e-5), cls(576, eps=1e-5), GemmaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        for m in (plain, fused):
+            m.weight.copy_(torch.rand(576, generator=_gen(40)) * 2 + 0.2)
+    net = torch.nn.ModuleList([fused, other])
+    assert layer_ops.fuse_target(net, kernel) == 1
+    assert "forward" in fused.__dict__ and "forward" not in other.__dict__
+    x = torch.randn(1, 6, 576, generator=_gen(41)) * 3
+    with torch.no_grad():
+        got, want = fused(x), plain(x)
+        assert_close_report(got, want, 1e-6, 1e-6, what=f"fused {cls.__name__}")
+        ref, _ = _norm_fp64(x, plain.weight, 1e-5)
+        assert_close_report(got.double(), ref, 1e-6, 1e-6, what=f"fused {cls.__name__} vs fp64")
+        for i in range(6):
+            assert torch.equal(fused(x[:, i:i + 1])[0, 0], got[0, i])
+        xb = x.bfloat16()
+        assert torch.equal(fused(xb), plain(xb))
+    xg = x.clone().requires_grad_()
+    assert torch.equal(fused(xg), plain(xg))
+
+
+def test_draft_last_logits_are_the_last_rows(kernel):
+    """A drafting extend asks the draft for its last token's logits only (last_logits): the
+    LM head multiplies one row, and those logits equal the last row of a full forward's bit
+    for bit (the few-row kernel computes rows alone); the hidden states are the same."""
+    from eagle3_backend.config import DraftConfig
+    from eagle3_backend.cpu.small_gemm import few_row_linears
+    from eagle3_backend.model import Eagle3DraftModel
+
+    cfg = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, num_hidden_layers=1, vocab_size=97,
+                      draft_vocab_size=61, target_hidden_size=64, dtype="float32",
+                      layout=("layer_input:1", "layer_input:2", "layer_input:3"))
+    model = Eagle3DraftModel.init_random(cfg, seed=5)
+    assert few_row_linears(model) > 0
+    ids = torch.randint(0, 97, (1, 7), generator=_gen(50))
+    hidden = torch.randn(1, 7, 192, generator=_gen(51))
+    with torch.no_grad():
+        full, h_full = model(ids, hidden, projected=False)
+        last, h_last = model(ids, hidden, projected=False, last_logits=True)
+    assert last.shape == (1, 1, 61) and full.shape == (1, 7, 61)
+    assert torch.equal(last[0, 0], full[0, -1]) and torch.equal(h_last, h_full)
