@@ -42,7 +42,7 @@ from eagle3_backend.doctor.verdict import MISMATCH, OK, WEAK
 from eagle3_backend.errors import Eagle3Error
 
 MIN_OFFLINE_GAIN = 0.10   # offline acceptance below 1.10: too little to compare a server against
-REL_GAP = 0.25            # served vs offline differ by >= 25% of the offline gain (acceptance - 1) ...
+REL_GAP = 0.15            # served vs offline differ by >= 15% of the offline gain (acceptance - 1) ...
 T_MISMATCH = 3.0          # ... and by >= 3 standard errors of the per-prompt differences
 MIN_PROMPTS = 5           # fewer prompts make the paired t meaningless
 

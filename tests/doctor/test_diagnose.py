@@ -72,8 +72,12 @@ def test_a_draft_trained_off_the_default_layout_is_found_by_the_search(
     start = Layout.parse(report["searched"]["start"])
     assert report["best"]["why"].startswith(f"coordinate search from {start}:")
     assert report["best"]["layout"] in report["searched"]["path"]
-    assert all(abs(a - b) <= 2 for a, b in zip(Layout.parse(report["best"]["layout"]).layers,
-                                                Layout.parse(WIDE).layers)), report["best"]
+    # the early and middle slots land next to the truth; the late slot anywhere in the last
+    # third, whose layers this draft cannot tell apart (one draft trained here scored
+    # [4, 11, L] for L = 22..26 within 3 of 376 tokens of each other)
+    (b0, b1, b2), (w0, w1, _) = (Layout.parse(report["best"]["layout"]).layers,
+                                 Layout.parse(WIDE).layers)
+    assert abs(b0 - w0) <= 2 and abs(b1 - w1) <= 2 and b2 >= 20, report["best"]
     # without the search the doctor cannot name it: no fixed candidate is the truth, and the
     # search starts from one of them (the recorded default, or a shift that gets a slot right)
     rc, fixed = _doctor(capsys, relabelled, wide_prompts_file, "--no-search", "--max-prompts", "8")
