@@ -158,7 +158,9 @@ template <typename T>
 void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, int64_t N,
           int64_t K) {
 #if E3_HAVE_AVX2
-  const int64_t step = M > 1 ? kWideRows : 2;   // W rows a task's step takes
+  // W rows a task's step takes: seven or eight x rows take two, eight x rows a pass, where
+  // four W rows would take two passes (six rows, then the rest for a few FMAs a load)
+  const int64_t step = M > 1 && (M <= kPassRows<kWideRows> || M > 8) ? kWideRows : 2;
 #else
   const int64_t step = 2;
 #endif
