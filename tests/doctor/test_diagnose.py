@@ -74,7 +74,8 @@ def test_a_draft_trained_off_the_default_layout_is_found_by_the_search(
     assert report["best"]["layout"] in report["searched"]["path"]
     # the early and middle slots land next to the truth; the late slot anywhere in the last
     # third, whose layers this draft cannot tell apart (one draft trained here scored
-    # [4, 11, L] for L = 22..26 within 3 of 376 tokens of each other)
+    # [4, 11, L] for L = 22, 24, 25, 26 within 3 of 376 tokens of each other, the truth's 23
+    # named as just as good)
     (b0, b1, b2), (w0, w1, _) = (Layout.parse(report["best"]["layout"]).layers,
                                  Layout.parse(WIDE).layers)
     assert abs(b0 - w0) <= 2 and abs(b1 - w1) <= 2 and b2 >= 20, report["best"]

@@ -158,8 +158,9 @@ template <typename T>
 void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, int64_t N,
           int64_t K) {
 #if E3_HAVE_AVX2
-  // W rows a task's step takes: seven or eight x rows take two, eight x rows a pass, where
-  // four W rows would take two passes (six rows, then the rest for a few FMAs a load)
+  // W rows a task's step takes: with seven or eight x rows two, so that one pass takes all
+  // the x rows (kPassRows<2>); four would take them in two passes, six rows and then one or
+  // two, the second re-reading the W rows for few FMAs a load
   const int64_t step = M > 1 && (M <= kPassRows<kWideRows> || M > 8) ? kWideRows : 2;
 #else
   const int64_t step = 2;
