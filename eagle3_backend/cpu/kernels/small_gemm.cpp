@@ -161,7 +161,7 @@ void gemm(const float* x, const T* w, const float* bias, float* out, int64_t M, 
   // W rows a task's step takes: with seven or eight x rows two, so that one pass takes all
   // the x rows (kPassRows<2>); four would take them in two passes, six rows and then one or
   // two, the second re-reading the W rows for few FMAs a load
-  const int64_t step = M > 1 && (M <= kPassRows<kWideRows> || M > 8) ? kWideRows : 2;
+  const int64_t step = M > 1 && (M <= kPassRows<kWideRows> || M > kPassRows<2>) ? kWideRows : 2;
 #else
   const int64_t step = 2;
 #endif
