@@ -13,8 +13,7 @@ sinks with a sliding window), EAGLE-3 top-k tree. Each test asserts:
   out of layer order, (DeepSeek's +1 id rule) ``layer_input:1`` as the lowest capture, and
   (gpt-oss) the last layer's output;
 * chain: SGLang's ``spec_accept_length`` per prompt equals the offline verifier's within 0.05
-  (the same verify steps: nothing lost in the wiring); gpt-oss only through SGLang (the
-  offline verifier does not roll back sliding-window caches).
+  and its tokens are the offline verifier's (the same verify steps: nothing lost in the wiring).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ from pathlib import Path
 import pytest
 from cpu_drafts import make_echo_draft, make_random_draft
 from cpu_testutil import assert_fc_input_matches_hf, assert_same_tokens, family_spec, offline_acceptance, serve_prompts
-
-from eagle3_backend.errors import TargetError
 
 pytestmark = [pytest.mark.server, pytest.mark.sglang]
 
@@ -41,9 +38,6 @@ CHAIN = {
     # the one model file that captures the last layer's output (layer_input:L, L = 8)
     "gpt_oss": "[layer_input:8, embed, layer_input:3]",
 }
-# the offline verifier rolls its KV cache back to the accepted tokens, which transformers'
-# sliding-window cache layers (gpt-oss) cannot do: it refuses them by name
-NO_OFFLINE = {"gpt_oss"}
 # family -> (draft kind, layout) of the tree test, for the attention paths a tree mask meets
 # beyond the Llama one (tests/cpu/test_cpu_server.py): absorbed MLA (Kimi-K2's differs from
 # DeepSeek-V3's in the q projection only), sinks + sliding window
@@ -80,10 +74,6 @@ def test_chain_equals_target_fc_input_and_acceptance(family, family_target, fami
     served = {name: float(out["meta_info"]["spec_accept_length"]) for name, out in outs.items()}
     # a draft that accepts: most steps commit more than one token
     assert sum(served.values()) / len(served) > 2.0, served
-    if family in NO_OFFLINE:
-        with pytest.raises(TargetError, match="DynamicSlidingWindowLayer cannot be rolled back"):
-            offline_acceptance(target, draft, family_prompts, list(family_prompts), 3, 1, 4)
-        return
     offline = offline_acceptance(target, draft, family_prompts, list(family_prompts), 3, 1, 4)
     for name, out in outs.items():
         length, tokens = offline[name]
