@@ -2,9 +2,9 @@
 PyNccl, CUDA-only, out of them), one OMP thread per rank bound with
 ``SGLANG_CPU_OMP_THREADS_BIND="0|1"`` (one NUMA node), ``--max-total-tokens`` given.
 
-The Llama and the DeepSeek-V3-shaped small targets served at ``--tp-size 2`` with EAGLE-3 give,
-token for token, the tp 1 target-only server's outputs; the plugin's pre-load checks run once
-(in the launcher), and every rank self-checks its fc input, the embed slot against its own
+Every small target (Llama, DeepSeek-V3, Kimi-K2, GLM-4.5 MoE, Qwen3-MoE, Qwen3, gpt-oss)
+served at ``--tp-size 2`` with EAGLE-3 gives, token for token, the tp 1 target-only server's
+outputs; the plugin's pre-load checks run once (in the launcher), and every rank self-checks its fc input, the embed slot against its own
 vocabulary shard of the embedding.
 """
 
@@ -24,7 +24,12 @@ pytestmark = [pytest.mark.server, pytest.mark.sglang]
 
 TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
 LAYOUT = {"llama": "[layer_input:5, embed, layer_input:2]",
-          "deepseek_v3": "[embed, layer_input:1, layer_input:6]"}
+          "deepseek_v3": "[embed, layer_input:1, layer_input:6]",
+          "kimi_k2": "[embed, layer_input:1, layer_input:6]",
+          "qwen3": "[layer_input:7, embed, layer_input:3]",
+          "glm4_moe": "[layer_input:6, layer_input:1, embed]",
+          "qwen3_moe": "[embed, layer_input:4, layer_input:7]",
+          "gpt_oss": "[layer_input:8, embed, layer_input:3]"}
 
 
 @pytest.mark.parametrize("family", list(LAYOUT))
