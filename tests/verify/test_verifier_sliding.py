@@ -131,7 +131,7 @@ def test_speculation_identical_across_the_window(oss_target, prompt_ids, referen
     res = engine.generate(prompt_ids, NEW_TOKENS)
     assert res.tokens == reference
     assert res.accepted_per_step[:-1] == [3] * (len(res.accepted_per_step) - 1)
-    assert res.completion_tokens / res.verify_steps > 3.5   # 4 tokens a step: 13 steps cross 3 windows
+    assert res.completion_tokens / res.verify_steps > 3.5   # 4 tokens a step, 40 past a 16 window
 
 
 def test_a_layer_kind_it_cannot_roll_back_is_refused_before_any_forward():
