@@ -92,20 +92,25 @@ def test_tree_verify_and_rollback_past_the_window_mixed_layers(oss_target, promp
     _tree_verify_matches_the_forward_over_the_accepted_text(oss_target, prompt_ids[:3 * WINDOW])
 
 
+def _target(model):
+    """A :class:`Target` around a small model built in the test (no tokenizer needed)."""
+    from eagle3_backend.verify.targets import Target
+
+    c = model.config
+    return Target(model=model.eval(), tokenizer=None, path=type(model).__name__,
+                  num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+                  vocab_size=c.vocab_size, dtype=torch.float32, device=torch.device("cpu"))
+
+
 def test_tree_verify_and_rollback_past_the_window_every_layer_sliding():
     """Mistral's layout (a small random one, transformers' own classes, SDPA): every layer
     slides over 8 positions, one windowed mask for all."""
     import transformers
 
-    from eagle3_backend.verify.targets import Target
-
     torch.manual_seed(0)
-    config = transformers.MistralConfig(
+    target = _target(transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8)
-    model = transformers.MistralForCausalLM(config).eval()
-    target = Target(model=model, tokenizer=None, path="mistral-tiny", num_layers=4, hidden_size=64,
-                    vocab_size=512, dtype=torch.float32, device=torch.device("cpu"))
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8)))
     _tree_verify_matches_the_forward_over_the_accepted_text(target, torch.randint(0, 512, (30,)).tolist())
 
 
@@ -139,14 +144,9 @@ def test_a_layer_kind_it_cannot_roll_back_is_refused_before_any_forward():
     chunks are not a sliding window, and the verifier says so before computing anything."""
     import transformers
 
-    from eagle3_backend.verify.targets import Target
-
-    config = transformers.Llama4TextConfig(
+    target = _target(transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        attention_chunk_size=8, num_local_experts=2)
-    model = transformers.Llama4ForCausalLM(config).eval()
-    target = Target(model=model, tokenizer=None, path="llama4-tiny", num_layers=4, hidden_size=64,
-                    vocab_size=512, dtype=torch.float32, device=torch.device("cpu"))
+        attention_chunk_size=8, num_local_experts=2)))
     with pytest.raises(TargetError, match=r"layer 0 is a chunked_attention layer .*eagle3 bench"):
         _new_cache(target)
