@@ -56,6 +56,8 @@ ARCHS: dict[str, ArchCapture] = {
     a.architecture: a
     for a in (
         ArchCapture("LlamaForCausalLM", "sglang.srt.models.llama.LlamaForCausalLM"),
+        # SGLang's MistralForCausalLM is its LlamaForCausalLM (capture and id rule inherited)
+        ArchCapture("MistralForCausalLM", "sglang.srt.models.mistral.MistralForCausalLM"),
         ArchCapture("Qwen2ForCausalLM", "sglang.srt.models.qwen2.Qwen2ForCausalLM"),
         ArchCapture("Qwen3ForCausalLM", "sglang.srt.models.qwen3.Qwen3ForCausalLM"),
         ArchCapture("Qwen3MoeForCausalLM", "sglang.srt.models.qwen3_moe.Qwen3MoeForCausalLM"),
@@ -63,6 +65,7 @@ ARCHS: dict[str, ArchCapture] = {
         # Kimi-K2 and DeepSeek-V3 both declare DeepseekV3ForCausalLM.
         ArchCapture("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
         ArchCapture("Glm4MoeForCausalLM", "sglang.srt.models.glm4_moe.Glm4MoeForCausalLM"),
+        ArchCapture("Glm4MoeLiteForCausalLM", "sglang.srt.models.glm4_moe_lite.Glm4MoeLiteForCausalLM"),
         ArchCapture("GptOssForCausalLM", "sglang.srt.models.gpt_oss.GptOssForCausalLM"),
     )
 }

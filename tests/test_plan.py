@@ -25,6 +25,7 @@ CASES = [
     ("LlamaForCausalLM", 30, "[embed, layer_input:3, layer_input:15]", [-1, 2, 14], (0, 3, 15), (0, 1, 2)),
     ("LlamaForCausalLM", 30, "[layer_input:2, layer_input:15, layer_input:27]", [1, 14, 26], (2, 15, 27), (0, 1, 2)),
     ("LlamaForCausalLM", 30, "[layer_input:27, embed, layer_input:15]", [-1, 14, 26], (0, 15, 27), (1, 2, 0)),
+    ("MistralForCausalLM", 40, "[embed, layer_input:20, layer_input:37]", [-1, 19, 36], (0, 20, 37), (0, 1, 2)),
     ("Qwen2ForCausalLM", 28, "[layer_input:2, layer_input:14, layer_input:25]", [1, 13, 24], (2, 14, 25), (0, 1, 2)),
     ("Qwen3ForCausalLM", 36, "[embed, layer_input:18, layer_input:33]", [-1, 17, 32], (0, 18, 33), (0, 1, 2)),
     ("Qwen3MoeForCausalLM", 48, "[layer_input:46, layer_input:2]", [1, 45], (2, 46), (1, 0)),
@@ -33,6 +34,8 @@ CASES = [
     ("DeepseekV3ForCausalLM", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
     ("DeepseekV3ForCausalLM", 61, "[layer_input:2, layer_input:30, layer_input:58]", [1, 29, 57], (2, 30, 58), (0, 1, 2)),
     ("DeepseekV3ForCausalLM", 61, "[layer_input:1, layer_input:30, layer_input:58]", [30, 58, 1], (1, 30, 58), (0, 1, 2)),
+    ("Glm4MoeLiteForCausalLM", 47, "[layer_input:2, layer_input:23, layer_input:44]", [1, 22, 43], (2, 23, 44), (0, 1, 2)),
+    ("Glm4MoeLiteForCausalLM", 47, "[layer_input:44, embed, layer_input:1]", [0, 1, 44], (0, 1, 44), (1, 2, 0)),
     ("DeepseekV2ForCausalLM", 27, "[layer_input:24, layer_input:1, embed]", [0, 1, 24], (0, 1, 24), (2, 1, 0)),
     # gpt-oss rule: verbatim when max(ids) == L (the last layer's output), else +1
     ("GptOssForCausalLM", 24, "[layer_input:2, layer_input:12, layer_input:24]", [2, 12, 24], (2, 12, 24), (0, 1, 2)),
@@ -62,7 +65,7 @@ def test_inexpressible_layouts_are_refused():
     with pytest.raises(LayoutError, match="names layer_input:31"):
         plan("[layer_input:2, layer_input:31]", "LlamaForCausalLM", 30)
     with pytest.raises(ServingError, match="not supported"):
-        plan("[layer_input:2]", "MistralForCausalLM", 30)
+        plan("[layer_input:2]", "Gemma2ForCausalLM", 30)
 
 
 def test_plan_round_trips_through_json():

@@ -8,9 +8,13 @@ keeps its family's real structure at a size a small CPU serves in seconds:
 | family        | class                   | what is kept                                              |
 |---------------|-------------------------|-----------------------------------------------------------|
 | llama         | LlamaForCausalLM        | GQA                                                       |
+| mistral       | MistralForCausalLM      | GQA (SGLang serves it with its Llama model file)          |
+| qwen2         | Qwen2ForCausalLM        | GQA, biases on the q, k and v projections                 |
 | qwen3         | Qwen3ForCausalLM        | GQA, per-head q/k RMSNorm                                 |
 | qwen3_moe     | Qwen3MoeForCausalLM     | qk-norm, top-k routed experts (softmax, normalised)       |
 | glm4_moe      | Glm4MoeForCausalLM      | qk-norm, partial rotary, sigmoid grouped routing with a   |
+|               |                         | correction bias, shared experts, first dense layer        |
+| glm4_moe_lite | Glm4MoeLiteForCausalLM  | GLM-4.7-Flash: DeepSeek's MLA with q LoRA, routing with a |
 |               |                         | correction bias, shared experts, first dense layer        |
 | deepseek_v3   | DeepseekV3ForCausalLM   | MLA with q LoRA, the rest as below                        |
 | kimi_k2       | DeepseekV3ForCausalLM   | MLA without q LoRA (Kimi-K2's ``q_lora_rank`` is set;     |
@@ -59,6 +63,16 @@ def _llama(t: Any) -> Any:
                          intermediate_size=FFN, rope_parameters=_ROPE)
 
 
+def _qwen2(t: Any) -> Any:  # Qwen2 / Qwen2.5: biases on the q, k and v projections
+    return t.Qwen2Config(**_COMMON, num_key_value_heads=KV_HEADS, intermediate_size=FFN,
+                         rope_parameters=_ROPE)
+
+
+def _mistral(t: Any) -> Any:
+    return t.MistralConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                           intermediate_size=FFN, sliding_window=None, rope_parameters=_ROPE)
+
+
 def _qwen3(t: Any) -> Any:
     return t.Qwen3Config(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                          intermediate_size=FFN, rope_parameters=_ROPE)
@@ -90,6 +104,16 @@ def _deepseek(t: Any, q_lora_rank: int | None) -> Any:
                               rope_parameters=_YARN, rope_interleave=True, num_mtp_layers=0)
 
 
+def _glm4_moe_lite(t: Any) -> Any:  # GLM-4.7-Flash: MLA with q LoRA, one dense layer first
+    return t.Glm4MoeLiteConfig(**_COMMON, num_key_value_heads=HEADS, intermediate_size=FFN,
+                               moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1,
+                               num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=True,
+                               routed_scaling_factor=1.8, kv_lora_rank=64, q_lora_rank=48,
+                               qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+                               mlp_layer_types=["dense"] + ["sparse"] * (LAYERS - 1),
+                               rope_parameters=_ROPE, rope_interleave=True)
+
+
 def _gpt_oss(t: Any) -> Any:
     return t.GptOssConfig(**_COMMON, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                           intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
@@ -100,11 +124,14 @@ def _gpt_oss(t: Any) -> Any:
 #: family -> (config builder over the transformers module, extra config.json keys)
 FAMILIES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
     "llama": (_llama, {}),
+    "qwen2": (_qwen2, {}),
+    "mistral": (_mistral, {}),
     "qwen3": (_qwen3, {}),
     "qwen3_moe": (_qwen3_moe, {}),
     "glm4_moe": (_glm4_moe, {}),
     "deepseek_v3": (lambda t: _deepseek(t, q_lora_rank=48), _DEEPSEEK_SGLANG_KEYS),
     "kimi_k2": (lambda t: _deepseek(t, q_lora_rank=None), _DEEPSEEK_SGLANG_KEYS),
+    "glm4_moe_lite": (_glm4_moe_lite, {**_DEEPSEEK_SGLANG_KEYS, "first_k_dense_replace": 1}),
     "gpt_oss": (_gpt_oss, {}),
 }
 

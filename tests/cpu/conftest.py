@@ -47,7 +47,8 @@ def smollm2_dir(tmp_path_factory) -> Path:
 FAMILY_PROMPTS = 8
 FAMILY_NEW_TOKENS = 24
 FAMILY_ARCH = {"llama": "Llama", "deepseek_v3": "DeepseekV3", "kimi_k2": "DeepseekV3", "glm4_moe": "Glm4Moe",
-               "qwen3_moe": "Qwen3Moe", "qwen3": "Qwen3", "gpt_oss": "GptOss"}
+               "qwen3_moe": "Qwen3Moe", "qwen3": "Qwen3", "gpt_oss": "GptOss", "qwen2": "Qwen2",
+               "glm4_moe_lite": "Glm4MoeLite"}
 
 
 @pytest.fixture(scope="session")

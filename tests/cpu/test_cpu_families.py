@@ -1,5 +1,6 @@
 """The architectures users serve, through real SGLang on this CPU: DeepSeek-V3 / Kimi-K2 (MLA +
-grouped-routing MoE), GLM-4.5 MoE, Qwen3-MoE, Qwen3 and gpt-oss, each a small random target from
+grouped-routing MoE), GLM-4.5 MoE, GLM-4.7-Flash (DeepSeek's MLA in GLM's own model file),
+Qwen3-MoE, Qwen3, Qwen2 (q/k/v biases) and gpt-oss, each a small random target from
 ``eagle3_backend.cpu.tiny_targets`` (transformers' own config classes, fp32).
 
 Per family, bounded server launches, one at a time: target-only (the reference, shared with
@@ -35,6 +36,8 @@ CHAIN = {
     "glm4_moe": "[layer_input:6, layer_input:1, embed]",
     "qwen3_moe": "[embed, layer_input:4, layer_input:7]",
     "qwen3": "[layer_input:7, embed, layer_input:3]",
+    "qwen2": "[embed, layer_input:5, layer_input:2]",
+    "glm4_moe_lite": "[layer_input:1, embed, layer_input:5]",
     # the one model file that captures the last layer's output (layer_input:L, L = 8)
     "gpt_oss": "[layer_input:8, embed, layer_input:3]",
 }

@@ -1,5 +1,6 @@
 """`eagle3 eval`, `eagle3 doctor`, `eagle3 train` and `eagle3 validate` on the MLA / MoE families
-(no server): the small DeepSeek-V3 and GLM-4.5 MoE targets of ``eagle3_backend.cpu.tiny_targets``
+and the dense ones that only these tests run offline (no server): the small DeepSeek-V3, GLM-4.5
+MoE, GLM-4.7-Flash, Qwen2 and Mistral targets of ``eagle3_backend.cpu.tiny_targets``
 with the echo draft (accepted where the target repeats) and a freshly trained draft."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen2", "mistral"])
 def test_eval_doctor_train_validate(family, family_target, capsys, tmp_path):
     target = family_target(family)
     echo = make_echo_draft(tmp_path / "echo", target, layout=LAYOUT)

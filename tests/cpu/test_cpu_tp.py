@@ -2,9 +2,9 @@
 PyNccl, CUDA-only, out of them), one OMP thread per rank bound with
 ``SGLANG_CPU_OMP_THREADS_BIND="0|1"`` (one NUMA node), ``--max-total-tokens`` given.
 
-Every small target (Llama, DeepSeek-V3, Kimi-K2, GLM-4.5 MoE, Qwen3-MoE, Qwen3, gpt-oss)
-served at ``--tp-size 2`` with EAGLE-3 gives, token for token, the tp 1 target-only server's
-outputs; the plugin's pre-load checks run once (in the launcher), and every rank self-checks
+Every small target but Qwen2 (Llama, DeepSeek-V3, Kimi-K2, GLM-4.5 MoE, GLM-4.7-Flash,
+Qwen3-MoE, Qwen3, gpt-oss) served at ``--tp-size 2`` with EAGLE-3 gives, token for token, the
+tp 1 target-only server's outputs; the plugin's pre-load checks run once (in the launcher), and every rank self-checks
 its fc input, the embed slot against its own vocabulary shard of the embedding.
 """
 
@@ -29,7 +29,8 @@ LAYOUT = {"llama": "[layer_input:5, embed, layer_input:2]",
           "qwen3": "[layer_input:7, embed, layer_input:3]",
           "glm4_moe": "[layer_input:6, layer_input:1, embed]",
           "qwen3_moe": "[embed, layer_input:4, layer_input:7]",
-          "gpt_oss": "[layer_input:8, embed, layer_input:3]"}
+          "gpt_oss": "[layer_input:8, embed, layer_input:3]",
+          "glm4_moe_lite": "[layer_input:1, embed, layer_input:5]"}
 
 
 @pytest.mark.parametrize("family", list(LAYOUT))
