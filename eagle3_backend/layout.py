@@ -357,6 +357,8 @@ SGLANG_ID: dict[str, str] = {
     "bailing_moe": "plus_one",
     "deepseek_v2": "deepseek_v2",
     "deepseek_v3": "deepseek_v2",
+    "deepseek_v32": "deepseek_v2",  # DeepseekV32ForCausalLM: DeepseekV2ForCausalLM's file and rule
+    "glm_moe_dsa": "deepseek_v2",  # GlmMoeDsaForCausalLM (GLM-5): the same
     "kimi_k2": "deepseek_v2",
     "kimi_k25": "deepseek_v2",  # KimiK25ForConditionalGeneration -> its DeepseekV3ForCausalLM
     "glm4_moe_lite": "deepseek_v2",
@@ -372,6 +374,8 @@ _ARCH_ALIASES = {
     "glm4moeforcausallm": "glm4_moe",
     "deepseekv2forcausallm": "deepseek_v2",
     "deepseekv3forcausallm": "deepseek_v3",
+    "deepseekv32forcausallm": "deepseek_v32",
+    "glmmoedsaforcausallm": "glm_moe_dsa",
     "kimik2forcausallm": "kimi_k2",
     "gptossforcausallm": "gpt_oss",
     "llama4forcausallm": "llama4_text",

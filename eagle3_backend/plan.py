@@ -64,6 +64,10 @@ ARCHS: dict[str, ArchCapture] = {
         ArchCapture("DeepseekV2ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"),
         # Kimi-K2 and DeepSeek-V3 both declare DeepseekV3ForCausalLM.
         ArchCapture("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
+        # DeepSeek-V3.2 and GLM-5 (DSA attention, CUDA only: not served on this CPU) are
+        # DeepseekV2ForCausalLM subclasses that add nothing to its capture
+        ArchCapture("DeepseekV32ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV32ForCausalLM"),
+        ArchCapture("GlmMoeDsaForCausalLM", "sglang.srt.models.glm4_moe.GlmMoeDsaForCausalLM"),
         ArchCapture("Glm4MoeForCausalLM", "sglang.srt.models.glm4_moe.Glm4MoeForCausalLM"),
         ArchCapture("Glm4MoeLiteForCausalLM", "sglang.srt.models.glm4_moe_lite.Glm4MoeLiteForCausalLM"),
         ArchCapture("GptOssForCausalLM", "sglang.srt.models.gpt_oss.GptOssForCausalLM"),

@@ -36,6 +36,8 @@ CASES = [
     ("DeepseekV3ForCausalLM", 61, "[layer_input:1, layer_input:30, layer_input:58]", [30, 58, 1], (1, 30, 58), (0, 1, 2)),
     ("Glm4MoeLiteForCausalLM", 47, "[layer_input:2, layer_input:23, layer_input:44]", [1, 22, 43], (2, 23, 44), (0, 1, 2)),
     ("Glm4MoeLiteForCausalLM", 47, "[layer_input:44, embed, layer_input:1]", [0, 1, 44], (0, 1, 44), (1, 2, 0)),
+    ("DeepseekV32ForCausalLM", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
+    ("GlmMoeDsaForCausalLM", 78, "[layer_input:2, layer_input:39, layer_input:75]", [1, 38, 74], (2, 39, 75), (0, 1, 2)),
     ("DeepseekV2ForCausalLM", 27, "[layer_input:24, layer_input:1, embed]", [0, 1, 24], (0, 1, 24), (2, 1, 0)),
     # gpt-oss rule: verbatim when max(ids) == L (the last layer's output), else +1
     ("GptOssForCausalLM", 24, "[layer_input:2, layer_input:12, layer_input:24]", [2, 12, 24], (2, 12, 24), (0, 1, 2)),

@@ -149,7 +149,7 @@ def _new_cache(target: Target, capacity: int = 256) -> Any:
         kind = types[i] if i < len(types) else "?"
         if _ROLLBACK_LAYERS.get(kind) != type(layer).__name__:
             raise TargetError(
-                f"target {target.path!r}: layer {i} is a {kind} layer ({type(layer).__name__} "
+                f"target {target.path!r}: layer {i} has {kind} ({type(layer).__name__} "
                 "cache); the offline verifier rolls back full-attention and sliding-window "
                 "layers only. Serve this target with SGLang and measure it with eagle3 bench.")
     layer_class = in_place_layer()

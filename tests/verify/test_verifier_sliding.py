@@ -139,14 +139,29 @@ def test_speculation_identical_across_the_window(oss_target, prompt_ids, referen
     assert res.completion_tokens / res.verify_steps > 3.5   # 4 tokens a step, 40 past a 16 window
 
 
-def test_a_layer_kind_it_cannot_roll_back_is_refused_before_any_forward():
-    """Llama 4's chunked attention (a small random one, transformers' own classes): its
-    chunks are not a sliding window, and the verifier says so before computing anything."""
-    import transformers
-
-    target = _target(transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
+def _llama4(transformers):
+    return transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        attention_chunk_size=8, num_local_experts=2)))
-    with pytest.raises(TargetError, match=r"layer 0 is a chunked_attention layer .*eagle3 bench"):
+        attention_chunk_size=8, num_local_experts=2))
+
+
+def _deepseek_v32(transformers):
+    return transformers.DeepseekV32ForCausalLM(transformers.DeepseekV32Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        index_topk=8, index_head_dim=16, index_n_heads=2))
+
+
+@pytest.mark.parametrize("build, kind", [(_llama4, "chunked_attention"), (_deepseek_v32, "indexed_attention")])
+def test_a_layer_kind_it_cannot_roll_back_is_refused_before_any_forward(build, kind):
+    """Llama 4's chunked attention and DeepSeek-V3.2's indexed (sparse) attention, small random
+    ones built with transformers' own classes: neither is a sliding window, and the verifier
+    says so before computing anything."""
+    import transformers
+
+    target = _target(build(transformers))
+    with pytest.raises(TargetError, match=rf"layer 0 has {kind} .*eagle3 bench"):
         _new_cache(target)
