@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from eagle3_backend.errors import LayoutError
 from eagle3_backend.layout import EMBED, SGLANG_ID, Layout, Source, sglang_id_rule
+from eagle3_backend.plan import ARCHS
 
 KIMI_LAYERS, KIMI_HIDDEN = 61, 7168
 
@@ -218,12 +219,7 @@ def test_engine_default_on_a_tiny_target_names_the_fix():
     assert str(Layout.parse("[embed, layer_input:2]")) == "[embed, layer_input:2]"
 
 
-# the families served end to end on the CPU (tests/cpu/test_cpu_families.py), by class name
-FAMILY_ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
-                "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "GptOssForCausalLM"]
-
-
-@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+@pytest.mark.parametrize("arch", sorted(ARCHS))  # every target architecture the plugin serves
 def test_one_id_rule_for_checkpoints_and_the_plugin(arch):
     """Every layer-ordered layout of an 8-layer target: the ids a checkpoint gets
     (to_sglang_ids) are the ids the plugin hands the model file (ServingPlan.model_ids),
