@@ -46,7 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from eagle3_backend.errors import Eagle3Error, ServingError
 from eagle3_backend.serving import checks, hooks
@@ -353,12 +353,24 @@ SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_
                 "tie_word_embeddings")
 
 
-def restart_command(argv: list[str] | None, draft: str) -> str:
-    """The launch command with ``--speculative-draft-model-path`` set to ``draft``."""
+#: environment variables that shape a launch and are repeated in the restart command (never
+#: a key or a token: the command is sent back to whoever asked for the swap)
+RESTART_ENV = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_PLUGINS")
+
+
+def restart_command(argv: list[str] | None, draft: str, env: Mapping[str, str] | None = None) -> str:
+    """The launch command (``python -m sglang.launch_server`` or ``sglang serve``) with
+    ``--speculative-draft-model-path`` set to ``draft``, after the :data:`RESTART_ENV` variables
+    set in ``env`` (this process's environment by default)."""
     flag = "--speculative-draft-model-path"
-    if not argv or not str(argv[0]).replace("\\", "/").endswith("sglang/launch_server.py"):
+    argv = list(argv or [])
+    if argv and str(argv[0]).replace("\\", "/").endswith("sglang/launch_server.py"):
+        head, args = "python -m sglang.launch_server", argv[1:]
+    elif len(argv) > 1 and os.path.basename(str(argv[0])) == "sglang" and argv[1] == "serve":
+        head, args = "sglang serve", argv[2:]
+    else:
         return f"your launch command with {flag} {shlex.quote(draft)}"
-    args, out, i, done = list(argv[1:]), [], 0, False
+    out, i, done = [], 0, False
     while i < len(args):
         a = args[i]
         if a == flag and i + 1 < len(args):
@@ -373,7 +385,9 @@ def restart_command(argv: list[str] | None, draft: str) -> str:
         i += 1
     if not done:
         out += [flag, draft]
-    return "python -m sglang.launch_server " + shlex.join(out)
+    env = os.environ if env is None else env
+    prefix = "".join(f"{k}={shlex.quote(env[k])} " for k in RESTART_ENV if env.get(k))
+    return prefix + head + " " + shlex.join(out)
 
 
 @dataclass(frozen=True, slots=True)

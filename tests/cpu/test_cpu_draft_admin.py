@@ -217,8 +217,8 @@ def test_swap_validates_and_refuses_without_touching_weights(server, target, dra
     other = make_random_draft(work / "other-layout", target, layout=OTHER_LAYOUT)
     status, body = swap({"path": str(other)})
     other_refusal = body["message"]
-    cmd = drafts.restart_command(argv, str(other))
-    assert cmd.startswith("python -m sglang.launch_server --model-path ") and f"--speculative-draft-model-path {other}" in cmd
+    cmd = drafts.restart_command(argv, str(other), env=server._env())  # the server's environment
+    assert "SGLANG_USE_CPU_ENGINE=1 " in cmd and "python -m sglang.launch_server --model-path " in cmd and f"--speculative-draft-model-path {other}" in cmd
     assert status == 400 and body == {
         "success": False, "stage": "compatibility", "restart_command": cmd,
         "message": (f"eagle3_backend refuses the swap to {other}: its layout is {OTHER_LAYOUT} but this "
@@ -232,7 +232,7 @@ def test_swap_validates_and_refuses_without_touching_weights(server, target, dra
     cfg["rms_norm_eps"] = 1e-3
     (eps / "config.json").write_text(json.dumps(cfg))
     status, body = swap({"path": str(eps)})
-    cmd = drafts.restart_command(argv, str(eps))
+    cmd = drafts.restart_command(argv, str(eps), env=server._env())
     assert status == 400 and body["stage"] == "compatibility" and body["restart_command"] == cmd
     assert body["message"] == (
         f"eagle3_backend refuses the swap to {eps}: it differs from the served draft {draft} in "

@@ -17,14 +17,24 @@ LAUNCH = "/venv/lib/python3.11/site-packages/sglang/launch_server.py"
 
 def test_restart_command_sets_the_draft_path():
     argv = [LAUNCH, "--model-path", "/m", "--speculative-draft-model-path", "/old", "--port", "1"]
-    assert drafts.restart_command(argv, "/new dir") == (
+    assert drafts.restart_command(argv, "/new dir", env={}) == (
         "python -m sglang.launch_server --model-path /m --speculative-draft-model-path '/new dir' --port 1")
-    assert drafts.restart_command([LAUNCH, "--speculative-draft-model-path=/old"], "/n") == (
+    assert drafts.restart_command([LAUNCH, "--speculative-draft-model-path=/old"], "/n", env={}) == (
         "python -m sglang.launch_server --speculative-draft-model-path=/n")
-    assert drafts.restart_command([LAUNCH, "--model-path", "/m"], "/n") == (
+    assert drafts.restart_command([LAUNCH, "--model-path", "/m"], "/n", env={}) == (
         "python -m sglang.launch_server --model-path /m --speculative-draft-model-path /n")
-    assert drafts.restart_command(["my_engine.py"], "/n") == (
+    assert drafts.restart_command(["/venv/bin/sglang", "serve", "--model-path", "/m"], "/n", env={}) == (
+        "sglang serve --model-path /m --speculative-draft-model-path /n")
+    assert drafts.restart_command(["my_engine.py"], "/n", env={}) == (
         "your launch command with --speculative-draft-model-path /n")
+
+
+def test_restart_command_repeats_the_launch_environment_but_no_key():
+    env = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_API_KEY": "secret",
+           "SGLANG_PLUGINS": ""}
+    assert drafts.restart_command([LAUNCH, "--model-path", "/m"], "/n", env=env) == (
+        "SGLANG_USE_CPU_ENGINE=1 SGLANG_CPU_OMP_THREADS_BIND='0|1' python -m sglang.launch_server "
+        "--model-path /m --speculative-draft-model-path /n")
 
 
 def test_weights_digest_covers_names_dtypes_shapes_and_bytes():
