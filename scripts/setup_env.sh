@@ -46,4 +46,9 @@ fi
 # (`make ext`) so that a plain set-up never waits on nvcc.
 EAGLE3_SKIP_CUDA_BUILD=${EAGLE3_SKIP_CUDA_BUILD:-1} \
     .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+# SGLang's recommended entry point, `sglang serve`, from .venv: the base's own `sglang` script
+# runs the base interpreter, which does not see this package, so it would serve without the plugin.
+printf '#!%s\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n' \
+    "$ROOT/.venv/bin/python" > .venv/bin/sglang
+chmod +x .venv/bin/sglang
 .venv/bin/python -c "import eagle3_backend, torch, sglang; print('[setup] ok: eagle3_backend', eagle3_backend.__version__, 'torch', torch.__version__)"

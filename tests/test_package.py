@@ -39,3 +39,17 @@ def test_sglang_imports_live_only_in_serving_and_cpu():
             offenders += [f"{rel}:{node.lineno} imports {n}" for n in names
                           if n == "sglang" or n.startswith("sglang.") or n.startswith("sgl_kernel")]
     assert offenders == []
+
+
+def test_the_sglang_script_beside_this_python_sees_the_plugin():
+    """`sglang serve` (SGLang's recommended entry point) from the environment the tests run in
+    starts an interpreter that finds this package's plugin and platform entry points (make's
+    .venv writes its own script: the base environment's runs an interpreter without them)."""
+    script = Path(sys.executable).parent / "sglang"
+    assert script.is_file(), f"{script} is missing: `sglang serve` would not come from this environment"
+    interpreter = script.read_text().splitlines()[0].removeprefix("#!").strip()
+    code = ("from importlib.metadata import entry_points\n"
+            "print(sorted(f'{g}:{e.name}' for g in ('sglang.srt.plugins', 'sglang.srt.platforms')\n"
+            "             for e in entry_points(group=g) if e.value.startswith('eagle3_backend')))\n")
+    out = subprocess.run([interpreter, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "['sglang.srt.platforms:eagle3_cpu', 'sglang.srt.plugins:eagle3']", out
