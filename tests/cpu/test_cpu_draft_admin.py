@@ -218,7 +218,8 @@ def test_swap_validates_and_refuses_without_touching_weights(server, target, dra
     status, body = swap({"path": str(other)})
     other_refusal = body["message"]
     cmd = drafts.restart_command(argv, str(other), env=server._env())  # the server's environment
-    assert "SGLANG_USE_CPU_ENGINE=1 " in cmd and "python -m sglang.launch_server --model-path " in cmd and f"--speculative-draft-model-path {other}" in cmd
+    assert cmd.startswith("SGLANG_USE_CPU_ENGINE=1 ") and f"--speculative-draft-model-path {other}" in cmd
+    assert "python -m sglang.launch_server --model-path " in cmd
     assert status == 400 and body == {
         "success": False, "stage": "compatibility", "restart_command": cmd,
         "message": (f"eagle3_backend refuses the swap to {other}: its layout is {OTHER_LAYOUT} but this "

@@ -4,8 +4,9 @@ PyNccl, CUDA-only, out of them), one OMP thread per rank bound with
 
 Every small target but Qwen2 (Llama, DeepSeek-V3, Kimi-K2, GLM-4.5 MoE, GLM-4.7-Flash,
 Qwen3-MoE, Qwen3, gpt-oss) served at ``--tp-size 2`` with EAGLE-3 gives, token for token, the
-tp 1 target-only server's outputs; the plugin's pre-load checks run once (in the launcher), and every rank self-checks
-its fc input, the embed slot against its own vocabulary shard of the embedding.
+tp 1 target-only server's outputs; the plugin's pre-load checks run once (in the launcher),
+and every rank self-checks its fc input, the embed slot against its own vocabulary shard of
+the embedding.
 """
 
 from __future__ import annotations
