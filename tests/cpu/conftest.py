@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+
+from eagle3_backend.target import TargetInfo
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +83,7 @@ def family_reference(family_target, family_prompts, plugin_site, tmp_path_factor
             log = tmp_path_factory.mktemp(f"{family}-srv") / "target_only.log"
             target = family_target(family)
             outs, text = serve_prompts(family_spec(target), plugin_site, log, family_prompts)
-            (arch,) = json.loads((target / "config.json").read_text())["architectures"]
+            arch = TargetInfo.from_path(target).architecture
             assert f"eagle3_backend.cpu platform: {arch} loaded" in text
             for name, out in outs.items():
                 assert len(out["output_ids"]) == FAMILY_NEW_TOKENS, (name, out["meta_info"])
