@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MARKDOWN = [README, *DOCS]
-README_MAX_LINES = 170
+README_MAX_LINES = 160
 CITING_DIRS = ("eagle3_backend", "tests", "benchmarks", "scripts")
 
 _LINK_RE = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
