@@ -75,6 +75,20 @@ def test_pickle_via_cli(make_draft_checkpoint, capsys):
     assert code == 0 and json.loads(out)["num_parameters"] == 98560
 
 
+def test_validate_judges_a_pickle_draft_as_its_safetensors_copy(make_draft_checkpoint,
+                                                                tiny_target_config, capsys):
+    """SGLang's loader reads pytorch_model.bin too: with --allow-pickle, validate's model of
+    that loader gets the pickle's tensor names (it once saw none and called every weight
+    unfilled)."""
+    target = tiny_target_config()
+    verdicts = []
+    for ckpt, extra in ((make_draft_checkpoint("sglang", pickle=True), ["--allow-pickle"]),
+                        (make_draft_checkpoint("sglang"), [])):
+        code, out, err = run(capsys, "validate", ckpt, "--target", target, "--json", *extra)
+        verdicts.append((code, json.loads(out)["problems"]))
+    assert verdicts[0] == verdicts[1] == (0, [])
+
+
 def test_bad_input_is_one_paragraph_exit_2(make_draft_checkpoint, capsys):
     ckpt = make_draft_checkpoint("sglang")
     (ckpt / "config.json").write_text("{broken")

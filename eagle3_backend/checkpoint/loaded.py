@@ -39,6 +39,7 @@ class LoadedDraft:
     target_architecture: str | None = None
     target_num_layers: int | None = None
     sglang_ids: tuple[int, ...] | None = None  # eagle_config ids as stored, if any
+    stored_names: tuple[str, ...] | None = None  # tensor names as stored (read from disk only)
     warnings: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     raw_config: Mapping[str, Any] = field(default_factory=dict)

@@ -115,7 +115,7 @@ def judge(path: str | os.PathLike[str], target: TargetInfo, *, args: LaunchArgs 
         raise
     layout, source = (choose_layout(loaded) if choose_layout is not None
                       else (loaded.layout, loaded.layout_source))
-    names = stored_tensor_names(ckpt) if loaded.format == "sglang" else None
+    names = loaded.stored_names if loaded.format == "sglang" else None
     findings += architecture + check_draft(loaded, target, layout, names)
     findings += check_context(loaded, target, args)
     return Verdict(tuple(findings), loaded, layout, source)
@@ -475,16 +475,3 @@ def sglang_unconsumed(raw: Mapping[str, Any], names: Iterable[str], num_aux: int
             "fc_norm, norm_before_fc, num_hidden_layers, tie_word_embeddings) that create "
             "these parameters."))
     return out
-
-
-def stored_tensor_names(ckpt: Path) -> list[str]:
-    """Tensor names exactly as stored (what SGLang's loader iterates), from the file headers."""
-    from safetensors import safe_open
-
-    from eagle3_backend.checkpoint.files import _safetensors_files
-
-    names: list[str] = []
-    for path in _safetensors_files(ckpt):
-        with safe_open(str(path), framework="pt") as f:
-            names.extend(f.keys())
-    return names
