@@ -355,6 +355,15 @@ SGLANG_ID: dict[str, str] = {
     "qwen3_vl_moe": "plus_one",
     "minimax_m2": "plus_one",
     "bailing_moe": "plus_one",
+    # read and written by the layout tools; the plugin does not serve these (plan.ARCHS)
+    "qwen2_moe": "plus_one",
+    "qwen3_next": "plus_one",
+    "qwen3_5": "plus_one",  # Qwen3_5(Moe)ForConditionalGeneration -> its language model's flags
+    "qwen3_5_moe": "plus_one",
+    "qwen3_5_text": "plus_one",
+    "qwen3_5_moe_text": "plus_one",
+    "apertus": "plus_one",
+    "glm5_next": "plus_one",
     "deepseek_v2": "deepseek_v2",
     "deepseek_v3": "deepseek_v2",
     "deepseek_v32": "deepseek_v2",  # DeepseekV32ForCausalLM: DeepseekV2ForCausalLM's file and rule
@@ -388,6 +397,14 @@ _ARCH_ALIASES = {
     "bailingmoev2forcausallm": "bailing_moe",
     "kimik25forconditionalgeneration": "kimi_k25",
     "glm4moeliteforcausallm": "glm4_moe_lite",
+    "qwen2moeforcausallm": "qwen2_moe",
+    "qwen3nextforcausallm": "qwen3_next",
+    "qwen3_5forconditionalgeneration": "qwen3_5",
+    "qwen3_5moeforconditionalgeneration": "qwen3_5_moe",
+    "qwen3_5forcausallm": "qwen3_5_text",
+    "qwen3_5moeforcausallm": "qwen3_5_moe_text",
+    "apertusforcausallm": "apertus",
+    "glm5nextforconditionalgeneration": "glm5_next",
 }
 
 
@@ -405,9 +422,11 @@ def sglang_id_rule(arch: str) -> str:
     if key not in SGLANG_ID:
         known = ", ".join(sorted(SGLANG_ID))
         raise LayoutError(
-            f"no SGLang layer-id rule known for target architecture {arch!r} "
-            f"(known: {known}). Record the layout explicitly (eagle3_layout) instead "
-            "of relying on SGLang ids."
+            f"no SGLang layer-id rule known for target architecture {arch!r} (known: {known}), "
+            "so eagle3_backend can neither read nor write eagle_aux_hidden_state_layer_ids for "
+            "its SGLang 0.5.23 model file. To read a draft's ids as SpecForge wrote them (id k = "
+            "the output of layer k, what most SGLang model files capture), pass --ids-as "
+            "specforge; to carry the layout without SGLang ids, convert with --to speculators."
         )
     return SGLANG_ID[key]
 

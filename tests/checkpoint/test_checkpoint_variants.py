@@ -171,6 +171,15 @@ MORE_TARGETS = [
     ("BailingMoeV2ForCausalLM", 32, [1, 15, 28], [2, 16, 29]),  # Ling-flash-2.0
     ("MiniMaxM2ForCausalLM", 62, [1, 30, 58], [2, 31, 59]),
     ("Glm4MoeLiteForCausalLM", 47, [2, 23, 44], [2, 23, 44]),  # deepseek_v2 rule
+    # SpecForge ships draft configs for these; the plugin does not serve them (plan.ARCHS)
+    ("Qwen2MoeForCausalLM", 24, [1, 11, 20], [2, 12, 21]),
+    ("Qwen3NextForCausalLM", 48, [1, 23, 44], [2, 24, 45]),
+    ("Qwen3_5ForConditionalGeneration", 64, [1, 31, 60], [2, 32, 61]),
+    ("Qwen3_5MoeForConditionalGeneration", 60, [-1, 29, 56], [0, 30, 57]),
+    ("Qwen3_5ForCausalLM", 64, [1, 31, 60], [2, 32, 61]),
+    ("Qwen3_5MoeForCausalLM", 40, [1, 19, 36], [2, 20, 37]),
+    ("ApertusForCausalLM", 32, [1, 15, 28], [2, 16, 29]),
+    ("Glm5NextForConditionalGeneration", 78, [1, 38, 74], [2, 39, 75]),
 ]
 
 
@@ -192,6 +201,17 @@ def test_specforge_llama4_draft_converts_for_a_llama4_target(make_draft_checkpoi
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 23, 44]
 
 
+def test_a_target_without_a_known_id_rule_names_a_fix_that_works(make_draft_checkpoint):
+    """Gemma 3's SGLang file also captures the last layer's output and keeps the residual apart:
+    no rule is claimed for it. The refusal's advice, --ids-as specforge, reads the ids."""
+    src = make_draft_checkpoint("specforge", ids=[1, 23, 44])
+    target = TargetInfo("Gemma3ForCausalLM", "gemma3_text", 48, 64, 512, "tiny-gemma3")
+    with pytest.raises(CheckpointError) as err:
+        load_draft(src, target=target)
+    assert "'Gemma3ForCausalLM'" in str(err.value) and "pass --ids-as specforge" in str(err.value)
+    assert load_draft(src, target=target, ids_as="specforge").layout.layers == (2, 24, 45)
+
+
 _MODEL_FILES = {  # arch -> (SGLang class, the language model class it delegates to, or None)
     "Llama4ForConditionalGeneration": ("sglang.srt.models.mllama4.Llama4ForConditionalGeneration",
                                        "sglang.srt.models.llama4.Llama4ForCausalLM"),
@@ -206,6 +226,17 @@ _MODEL_FILES = {  # arch -> (SGLang class, the language model class it delegates
         "sglang.srt.models.qwen2_5_vl.Qwen2_5_VLForConditionalGeneration", None),
     "BailingMoeV2ForCausalLM": ("sglang.srt.models.bailing_moe.BailingMoeV2ForCausalLM", None),
     "Glm4MoeLiteForCausalLM": ("sglang.srt.models.glm4_moe_lite.Glm4MoeLiteForCausalLM", None),
+    "Qwen2MoeForCausalLM": ("sglang.srt.models.qwen2_moe.Qwen2MoeForCausalLM", None),
+    "Qwen3NextForCausalLM": ("sglang.srt.models.qwen3_next.Qwen3NextForCausalLM", None),
+    "Qwen3_5ForConditionalGeneration": ("sglang.srt.models.qwen3_5.Qwen3_5ForConditionalGeneration",
+                                        None),
+    "Qwen3_5MoeForConditionalGeneration": (
+        "sglang.srt.models.qwen3_5.Qwen3_5MoeForConditionalGeneration", None),
+    "Qwen3_5ForCausalLM": ("sglang.srt.models.qwen3_5_text.Qwen3_5ForCausalLM", None),
+    "Qwen3_5MoeForCausalLM": ("sglang.srt.models.qwen3_5_text.Qwen3_5MoeForCausalLM", None),
+    "ApertusForCausalLM": ("sglang.srt.models.apertus.ApertusForCausalLM", None),
+    "Glm5NextForConditionalGeneration": (
+        "sglang.srt.models.glm5_next.Glm5NextForConditionalGeneration", None),
     # MiniMaxM2ForCausalLM needs SGLang's parallel state to be built; read, not run.
 }
 
