@@ -120,9 +120,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return EXIT_OK
     from eagle3_backend.checkpoint.suite import judge
 
-    verdict = judge(out, target)  # what `eagle3 validate OUT --target T` says
-    for f in verdict.findings:
-        print(f"{'problem' if f.severity == 'error' else 'note'}: {f}")
+    verdict = judge(out, target)  # what `eagle3 validate OUT --target T` says, in its words
+    for f in verdict.errors:
+        print(f"problem: {f}")
+    for note in verdict.notes:  # with what reading OUT warns (stock SGLang ignores a flag ...)
+        if note not in loaded.warnings:
+            print(f"note: {note}")
     return EXIT_PROBLEMS if verdict.errors else EXIT_OK
 
 

@@ -64,6 +64,11 @@ def test_inspect_text_reports_assumption(make_draft_checkpoint, tiny_target_conf
     assert lines["dtype"] == "bfloat16, 98,560 parameters"
     assert lines["fc"] == "3 x 64 = 192 -> 64"
     assert "warning: " in out and "right only if the draft was trained with the default" in out
+    # RedHat's published speculators configs have no such key at all
+    ckpt = make_draft_checkpoint("speculators", ids=None, record_layout=False, config_hook=lambda c:
+                                 c.pop("eagle_aux_hidden_state_layer_ids"))
+    code, out, err = run(capsys, "inspect", ckpt, "--target", tiny_target_config())
+    assert code == 0 and "from  assumed-default: eagle_aux_hidden_state_layer_ids is absent: " in out
 
 
 def test_pickle_via_cli(make_draft_checkpoint, capsys):
@@ -125,6 +130,20 @@ def test_convert_round_trip_and_overwrite_refusal(make_draft_checkpoint, tmp_pat
     rep = json.loads(out)
     assert (rep["layout"], rep["layout_source"], rep["dtype"], rep["has_embed_tokens"]) == (
         DEFAULT30, "explicit", "bfloat16", False)
+
+
+def test_convert_to_sglang_says_what_validate_says(make_draft_checkpoint, tiny_target_config,
+                                                   tmp_path, capsys):
+    """A speculators draft with norm_before_residual: SGLang's file has the flag, SGLang 0.5.23
+    ignores it. convert --target prints validate's note about the draft it wrote."""
+    src = make_draft_checkpoint("speculators", norm_before_residual=True)
+    target = tiny_target_config()
+    code, out, err = run(capsys, "convert", src, tmp_path / "sg", "--to", "sglang", "--target", target)
+    assert code == 0, err
+    _, validated, _ = run(capsys, "validate", tmp_path / "sg", "--target", target)
+    notes = [line for line in validated.splitlines() if line.startswith("note: ")]
+    assert any("norm_before_residual is true" in n for n in notes), validated
+    assert [line for line in out.splitlines() if line.startswith("note: ")] == notes
 
 
 def test_convert_needs_target_when_not_recorded(make_draft_checkpoint, tmp_path, capsys):

@@ -213,9 +213,10 @@ def _input_of_layer_ids(f: Fields, ids: list[int]) -> Layout:
 def _resolve_speculators(f: Fields, num_layers: int | None) -> _Resolved:
     ids = f.int_list("eagle_aux_hidden_state_layer_ids")
     if ids is None:
+        state = "null" if "eagle_aux_hidden_state_layer_ids" in f.raw else "absent"
         return _assumed_default(f, "speculators", num_layers, "records eagle_aux_hidden_state_"
-                                "layer_ids null (speculators' own converter drops them)",
-                                "eagle_aux_hidden_state_layer_ids is null: assumed the "
+                                f"layer_ids {state} (speculators' own converter drops them)",
+                                f"eagle_aux_hidden_state_layer_ids is {state}: assumed the "
                                 "speculators/vLLM")
     layout = _input_of_layer_ids(f, ids)
     notes = []
