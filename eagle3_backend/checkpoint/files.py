@@ -154,8 +154,9 @@ def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torc
         raise CheckpointError(
             f"{ckpt}: weights are in pickle file(s) {names}, which can run arbitrary code when "
             f"loaded, so they are refused; expected model.safetensors. If you trust the file, "
-            f"pass --allow-pickle (it is then read with torch.load(weights_only=True)), e.g. "
-            f"`eagle3 convert {ckpt} OUT --to sglang --allow-pickle` to get a safetensors copy."
+            f"make a safetensors copy once and use it (a server or `eagle3 swap` too): `eagle3 "
+            f"convert {ckpt} OUT --to sglang --allow-pickle` (read with torch.load(weights_only="
+            f"True)); the other eagle3 commands also take --allow-pickle."
         )
     for path in pickles:
         logger.warning("loading pickle file %s with torch.load(weights_only=True)", path)

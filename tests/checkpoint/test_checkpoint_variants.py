@@ -347,7 +347,7 @@ def test_eagle_repo_pickle_draft_needs_allow_pickle(tmp_path, tiny_draft):
     sd = dict(tiny_draft(dtype="float16", embed=False).state_dict)
     torch.save(sd, src / "pytorch_model.bin")
     llama31 = TargetInfo("LlamaForCausalLM", "llama", 32, 64, 512, "tiny-llama31")
-    with pytest.raises(CheckpointError, match=r"pass --allow-pickle"):
+    with pytest.raises(CheckpointError, match=r"also take --allow-pickle"):
         load_draft(src, target=llama31)
     d = load_draft(src, target=llama31, allow_pickle=True)
     assert (d.format, d.layout_source, d.dtype) == ("eagle-repo", "assumed-default", "float16")

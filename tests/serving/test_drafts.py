@@ -188,9 +188,10 @@ def test_each_rank_reads_safetensors_only_and_checks_them(tmp_path):
     (empty / "pytorch_model.bin").write_bytes(b"not read")
     assert refused(empty) == (  # checkpoint.files.read_tensors's words: never unpickled
         f"{empty}: weights are in pickle file(s) pytorch_model.bin, which can run arbitrary code when "
-        f"loaded, so they are refused; expected model.safetensors. If you trust the file, pass "
-        f"--allow-pickle (it is then read with torch.load(weights_only=True)), e.g. `eagle3 convert "
-        f"{empty} OUT --to sglang --allow-pickle` to get a safetensors copy.")
+        f"loaded, so they are refused; expected model.safetensors. If you trust the file, make a "
+        f"safetensors copy once and use it (a server or `eagle3 swap` too): `eagle3 convert {empty} "
+        f"OUT --to sglang --allow-pickle` (read with torch.load(weights_only=True)); the other "
+        f"eagle3 commands also take --allow-pickle.")
     odd = {"fc.weight": torch.ones(4, 9), "norm.weight": torch.ones(4), "extra": torch.ones(1)}
     assert refused(write("odd", odd)) == (
         "its tensors differ from the served draft's: missing ['d2t']; not in the served draft ['extra']; "
