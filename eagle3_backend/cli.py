@@ -301,7 +301,15 @@ def cmd_swap(args: argparse.Namespace) -> int:
     import urllib.request
 
     from eagle3_backend.serving import drafts
+    from eagle3_backend.verify.bench import check_url
 
+    check_url(args.url, "--url")
+    for flag, value, ok, want in (("--timeout", args.timeout, args.timeout > 0, "> 0 seconds"),
+                                  ("--probe-prompts", args.probe_prompts, args.probe_prompts >= 0, ">= 0"),
+                                  ("--probe-tokens", args.probe_tokens, args.probe_tokens >= 1, ">= 1"),
+                                  ("--margin", args.margin, args.margin >= 0, ">= 0")):
+        if not ok:
+            raise Eagle3Error(f"{flag} is {value}; expected {want}.")
     if args.rollback:
         route, body = drafts.ROLLBACK_ROUTE, {}
     else:
@@ -314,17 +322,22 @@ def cmd_swap(args: argparse.Namespace) -> int:
                                           **({"Authorization": f"Bearer {key}"} if key else {})})
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as resp:
-            status, out = resp.status, json.loads(resp.read())
+            status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-        try:
-            out = json.loads(raw)
-        except ValueError:
-            out = {"message": raw.decode(errors="replace")[:500]}
     except (urllib.error.URLError, OSError) as exc:
         print(f"eagle3 swap: cannot reach {args.url}: {getattr(exc, 'reason', exc)}. Is the server "
               f"up, and is this its --host/--port?", file=sys.stderr)
         return EXIT_INTERNAL
+    try:
+        out = json.loads(raw)
+        assert isinstance(out, dict)
+    except (ValueError, AssertionError):
+        if status != 404:  # 404: an SGLang server without the routes, said below
+            raise Eagle3Error(
+                f"{args.url} answered HTTP {status} without a JSON body ({raw[:80]!r}): not an SGLang "
+                f"server with the eagle3 plugin. Is this the server's --host/--port?") from None
+        out = {"message": raw.decode(errors="replace")[:500]}
     if args.json:
         _print_json({"status": status, **out})
     else:
@@ -390,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("ckpt", metavar="CKPT", help="draft checkpoint directory")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--target", metavar="T",
-                    help="target config.json, model dir or GGUF (for drafts that do not record it)")
+                    help="target config.json, model dir, GGUF or 'bundled' (for drafts that do not "
+                         "record it)")
     ckpt_opts(sp)
     sp.set_defaults(func=cmd_inspect)
 
@@ -398,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("src", metavar="SRC")
     sp.add_argument("dst", metavar="DST", help="new or empty output directory")
     sp.add_argument("--to", choices=("sglang", "speculators"), required=True)
-    sp.add_argument("--target", metavar="T", help="target config.json, model dir or GGUF")
+    sp.add_argument("--target", metavar="T", help="target config.json, model dir, GGUF or 'bundled'")
     sp.add_argument("--force", action="store_true", help=force_help("DST"))
     sp.add_argument("--layout", metavar="LAYOUT",
                     help="record this layout for the fc slots, in their current order, instead of "
@@ -409,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("validate", help="check a draft can be served on a target (exit 0/1)")
     sp.add_argument("ckpt", metavar="CKPT")
     sp.add_argument("--target", metavar="TARGET", required=True,
-                    help="target HF config.json, model dir or GGUF file")
+                    help="target HF config.json, model dir, GGUF file or 'bundled'")
     sp.add_argument("--json", action="store_true")
     launch = sp.add_argument_group("launch", "check SGLang launch flags too, as the plugin does")
     launch.add_argument("--speculative-algorithm", default="EAGLE3", type=str.upper,
@@ -428,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("make-demo-draft",
                         help="write a small random draft (SGLang format) for a target")
     sp.add_argument("out", metavar="OUT")
-    sp.add_argument("--target", metavar="GGUF_OR_DIR", required=True)
+    sp.add_argument("--target", metavar="GGUF_OR_DIR", required=True,
+                    help="target GGUF, model dir or 'bundled' (the bundled SmolLM2-135M-Instruct)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--draft-vocab-size", type=int, default=8192)
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")

@@ -114,8 +114,9 @@ class TargetInfo:
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> "TargetInfo":
-        """Read a HF config.json, a model directory or a GGUF file."""
-        p = Path(path)
+        """Read a HF config.json, a model directory or a GGUF file (``bundled``: the bundled
+        SmolLM2-135M-Instruct)."""
+        p = target_path(path)
         if not p.exists():
             raise TargetError(
                 f"target {str(p)!r} does not exist; expected a HF config.json, a model "
@@ -347,6 +348,11 @@ def _gguf_embedding_rows(reader: Any, hidden: int) -> int | None:
 
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def target_path(value: str | os.PathLike[str] | None) -> Path:
+    """What ``--target`` names: ``bundled`` (or nothing) is the bundled GGUF, else a path."""
+    return bundled_target_path() if value is None or str(value) == "bundled" else Path(value)
 
 
 def bundled_target_path() -> Path:

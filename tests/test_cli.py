@@ -389,3 +389,51 @@ def test_validate_says_what_serving_says_for_other_formats(make_draft_checkpoint
             f"`eagle3 convert {ckpt} OUT --to sglang --target <target>` and serve OUT.\n") in out
     assert ("needs layer_input:30 (the output of the last decoder layer), which SGLang 0.5.23's "
             "LlamaForCausalLM model file cannot capture") in out
+
+
+def test_bundled_names_the_target_for_every_command(tmp_path, capsys):
+    """eval, doctor and train default to `--target bundled`; validate and make-demo-draft took
+    only paths and called the keyword a missing file."""
+    from eagle3_backend.target import bundled_target_path
+
+    shipped = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-eagle3"
+    code, out, err = run(capsys, "validate", shipped, "--target", "bundled")
+    assert code == 0 and f"on {bundled_target_path()} (LlamaForCausalLM, 30 layers" in out, err
+    code, out, err = run(capsys, "make-demo-draft", tmp_path / "d", "--target", "bundled")
+    assert code == 0, err
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["eagle3_target"]["num_hidden_layers"] == 30
+
+
+def test_swap_checks_its_arguments_and_names_a_server_that_is_not_sglang(tmp_path, capsys):
+    """Exit 2 with the fix, not 3 ("cannot reach"): a URL without a scheme, --timeout 0, and a
+    web server that answers HTML (it used to print the page as the swap's failure)."""
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    code, out, err = run(capsys, "swap", "--url", "127.0.0.1:9", "--draft", tmp_path)
+    assert code == 2 and "Pass --url http://127.0.0.1:9." in err, err
+    code, out, err = run(capsys, "swap", "--url", "http://127.0.0.1:9", "--draft", tmp_path,
+                         "--timeout", "0")
+    assert (code, err.strip()) == (2, "eagle3 swap: error: --timeout is 0.0; expected > 0 seconds.")
+    web = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        code, out, err = run(capsys, "swap", "--url", url, "--draft", tmp_path)
+    finally:
+        web.shutdown()
+    assert code == 2 and out == "", out
+    assert f"{url} answered HTTP 501 without a JSON body" in err and "not an SGLang server" in err
+
+
+def test_bench_checks_its_tokenizer_as_eval_checks_a_target(tmp_path, capsys):
+    """--tokenizer is read before any request, with load_target's words (an empty directory
+    was an internal error, a missing path Hugging Face's repo-id rules)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n', encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    base = ["bench", "--url", "http://127.0.0.1:9", "--dataset", prompts, "--no-progress", "--tokenizer"]
+    code, out, err = run(capsys, *base, tmp_path / "empty")
+    assert code == 2 and f"target dir '{tmp_path / 'empty'}' has no config.json and 0 .gguf files" in err
+    code, out, err = run(capsys, *base, tmp_path / "nope")
+    assert code == 2 and f"target '{tmp_path / 'nope'}' does not exist" in err, err

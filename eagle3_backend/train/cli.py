@@ -447,7 +447,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from eagle3_backend.checkpoint import LoadedDraft, load_draft, save_sglang
     from eagle3_backend.checkpoint.files import check_destination
     from eagle3_backend.layout import Layout
-    from eagle3_backend.target import TargetInfo, bundled_target_path
+    from eagle3_backend.target import TargetInfo
+    from eagle3_backend.target import target_path as resolve_target
     from eagle3_backend.train.trainer import (
         TrainSettings,
         build_draft,
@@ -493,8 +494,7 @@ def _run_train(args: argparse.Namespace) -> int:
                              heldout_fraction=args.heldout_fraction, seed=args.seed)
     out = Path(args.out)
     progress = not args.no_progress
-    target_path = (bundled_target_path() if args.target in (None, "bundled")
-                   else Path(args.target))
+    target_path = resolve_target(args.target)
     # before any work: the checkpoint could not be written there at the end (not empty
     # without --force, other files in it, the target or the data cache in it)
     check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,

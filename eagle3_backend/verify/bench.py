@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -300,6 +301,23 @@ def fetch_server_info(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
     return asyncio.run(go())
 
 
+_HOST_PORT = re.compile(r"^(?:[\w-]+(?:\.[\w-]+)*:\d+|[\w-]+(?:\.[\w-]+)+(?::\d+)?|localhost)(?:/\S*)?$")
+
+
+def check_url(url: str, flag: str = "--url") -> None:
+    """Refuse what is not an http(s) URL with a host, naming the fix (``eagle3 bench``,
+    ``eagle3 swap``)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise Eagle3Error(f"{flag} {url!r} is not a URL ({exc}); expected e.g. "
+                          "http://127.0.0.1:30000.") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        fix = f" Pass {flag} http://{url}." if _HOST_PORT.match(url) else ""
+        raise Eagle3Error(f"{flag} {url!r} has no http:// or https:// scheme and host; expected "
+                          f"e.g. http://127.0.0.1:30000.{fix}")
+
+
 def check_reachable(url: str, flag: str = "--url", timeout_s: float = 10.0) -> None:
     """Refuse a URL no server answers at, in one line, before any prompt is sent.
 
@@ -307,14 +325,7 @@ def check_reachable(url: str, flag: str = "--url", timeout_s: float = 10.0) -> N
     connection but is slow to answer; a malformed URL or a refused/unroutable connection
     does not.
     """
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise Eagle3Error(f"{flag} {url!r} is not a URL ({exc}); expected e.g. "
-                          "http://127.0.0.1:30000.") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise Eagle3Error(f"{flag} {url!r} has no http:// or https:// scheme and host; expected "
-                          f"e.g. http://127.0.0.1:30000. Pass {flag} http://{url}.")
+    check_url(url, flag)
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=timeout_s)) as client:
             client.get(url.rstrip("/") + "/health")

@@ -273,21 +273,14 @@ def _parse_levels(text: str) -> list[int]:
     return levels
 
 
-def _bench_prompts(args: argparse.Namespace, prompts: list[Any]) -> list[Any]:
+def _bench_prompts(args: argparse.Namespace, prompts: list[Any], tok: Any) -> list[Any]:
     if args.api == "openai":
         return [p.as_chat() for p in prompts]
-    if args.tokenizer is None:
+    if tok is None:
         print("eagle3 bench: note: native API without --tokenizer sends the raw user text (no "
               "chat template); acceptance will not reflect chat-formatted serving. Pass "
               "--tokenizer TARGET or --api openai.", file=sys.stderr)
         return [p.text for p in prompts]
-    from transformers import AutoTokenizer
-
-    path = Path(args.tokenizer)
-    if path.suffix == ".gguf":
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    else:
-        tok = AutoTokenizer.from_pretrained(str(path))
     return [tok.apply_chat_template(p.as_chat(), add_generation_prompt=True, tokenize=False)
             for p in prompts]
 
@@ -304,11 +297,16 @@ def run_bench(args: argparse.Namespace) -> int:
                              model=args.model, ignore_eos=args.ignore_eos)
     files_at = _bench_files_at(args) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
+    tokenizer = None  # read and checked before the servers are asked anything
+    if args.api == "native" and args.tokenizer is not None:
+        from eagle3_backend.verify.targets import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
     check_reachable(args.url, "--url", min(10.0, args.timeout))
     if args.baseline_url:
         check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
     categories = [p.category for p in prompts]
-    prompts = _bench_prompts(args, prompts)
+    prompts = _bench_prompts(args, prompts, tokenizer)
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
                            warmup=args.warmup, progress=not args.no_progress,
                            categories=categories if any(categories) else None)

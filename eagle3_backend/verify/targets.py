@@ -32,7 +32,7 @@ from eagle3_backend.checkpoint.files import pickle_files
 from eagle3_backend.config import DTYPE_ALIASES, DTYPES
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
-from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path
+from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path, target_path
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ __all__ = [
     "bundled_target_path",
     "decoder_layers",
     "load_target",
+    "load_tokenizer",
     "parse_dtype",
 ]
 
@@ -188,6 +189,51 @@ def transformers_progress(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def _model_source(path: "str | Path | None") -> tuple[Path, str, dict[str, Any]]:
+    """``--target`` as transformers reads it: (the path, the dir to read, gguf_file if any)."""
+    p = target_path(path)
+    if not p.exists():
+        raise TargetError(
+            f"target {str(p)!r} does not exist; expected a HF model directory (with "
+            "config.json) or a .gguf file. Check --target."
+        )
+    kwargs: dict[str, Any] = {}
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise TargetError(
+                f"target {str(p)!r} is a file but not a .gguf; expected a HF model directory "
+                "or a GGUF file. Pass the directory that holds config.json."
+            )
+        return p, str(p.parent), {"gguf_file": p.name}
+    ggufs = sorted(p.glob("*.gguf"))
+    if not (p / "config.json").is_file():
+        if len(ggufs) != 1:
+            raise TargetError(
+                f"target dir {str(p)!r} has no config.json and {len(ggufs)} .gguf files; "
+                "expected a HF model dir or exactly one GGUF. Pass the file itself."
+            )
+        kwargs["gguf_file"] = ggufs[0].name
+    return p, str(p), kwargs
+
+
+def _unloadable(p: Path, exc: Exception, what: str = "target") -> TargetError:
+    why = str(exc).strip().rstrip(".") or type(exc).__name__
+    return TargetError(f"transformers could not load {what} {str(p)!r}: {why}. Expected a causal LM "
+                       "model dir or GGUF file that transformers supports.")
+
+
+def load_tokenizer(path: "str | Path | None" = None) -> Any:
+    """The tokenizer of a ``--target`` (model dir, ``.gguf`` or ``bundled``), checked as
+    :func:`load_target` checks it."""
+    from transformers import AutoTokenizer
+
+    p, model_dir, kwargs = _model_source(path)
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _unloadable(p, exc, "the tokenizer of") from exc
+
+
 def load_target(
     path: "str | Path | None" = None,
     dtype: "str | torch.dtype" = "float32",
@@ -206,32 +252,7 @@ def load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = parse_dtype(dtype)
-    if path is None or str(path) == "bundled":
-        path = bundled_target_path()
-    p = Path(path)
-    if not p.exists():
-        raise TargetError(
-            f"target {str(p)!r} does not exist; expected a HF model directory (with "
-            "config.json) or a .gguf file. Check --target."
-        )
-    kwargs: dict[str, Any] = {}
-    if p.is_file():
-        if p.suffix.lower() != ".gguf":
-            raise TargetError(
-                f"target {str(p)!r} is a file but not a .gguf; expected a HF model directory "
-                "or a GGUF file. Pass the directory that holds config.json."
-            )
-        model_dir, kwargs["gguf_file"] = str(p.parent), p.name
-    else:
-        ggufs = sorted(p.glob("*.gguf"))
-        if not (p / "config.json").is_file():
-            if len(ggufs) != 1:
-                raise TargetError(
-                    f"target dir {str(p)!r} has no config.json and {len(ggufs)} .gguf files; "
-                    "expected a HF model dir or exactly one GGUF. Pass the file itself."
-                )
-            kwargs["gguf_file"] = ggufs[0].name
-        model_dir = str(p)
+    p, model_dir, kwargs = _model_source(path)
     if p.is_dir():
         _refuse_draft(p)
         if "gguf_file" not in kwargs:
@@ -242,11 +263,7 @@ def load_target(
             tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError) as exc:
-        why = str(exc).strip().rstrip(".") or type(exc).__name__
-        raise TargetError(
-            f"transformers could not load target {str(p)!r}: {why}. Expected a causal LM "
-            "model dir or GGUF file that transformers supports."
-        ) from exc
+        raise _unloadable(p, exc) from exc
     except pickle.UnpicklingError as exc:  # --allow-pickle, but not a plain state dict
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TargetError(
