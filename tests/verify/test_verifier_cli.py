@@ -153,6 +153,20 @@ def test_bench_cli_json_and_plots(capsys, tmp_path, serve, prompts_file):
     assert {b["text"] for _, b in spec.bodies} == {"Name three colours.", "Count to five."}
 
 
+def test_bench_tokenizer_sends_the_chat_template_text(capsys, serve, prompts_file):
+    from eagle3_backend.verify.targets import load_tokenizer
+
+    spec = serve()
+    assert main(["bench", "--url", spec.url, "--dataset", str(prompts_file), "--concurrency", "1",
+                 "--max-new-tokens", "4", "--warmup", "0", "--json", "--no-progress",
+                 "--tokenizer", "bundled"]) == 0
+    tok = load_tokenizer("bundled")
+    want = {tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                    tokenize=False) for q in ("Name three colours.", "Count to five.")}
+    assert {b["text"] for _, b in spec.bodies} == want
+    assert all(t.startswith("<|im_start|>") and t.endswith("<|im_start|>assistant\n") for t in want)
+
+
 def test_bench_cli_prints_acceptance_by_category(capsys, tmp_path, serve):
     from sglang_peer import tokens_for
 
