@@ -134,15 +134,13 @@ def _relabel_layout(loaded: Any, text: str) -> Any:
     import dataclasses
 
     from eagle3_backend.errors import LayoutMismatch
-    from eagle3_backend.layout import Layout
+    from eagle3_backend.layout import parse_layout_flag
 
-    layout = Layout.parse(text)
+    layout = parse_layout_flag(text, loaded.target_num_layers)
     if len(layout) != len(loaded.layout):
         raise LayoutMismatch(
             f"--layout {layout} has {len(layout)} sources but the draft's fc reads "
             f"{len(loaded.layout)} (recorded {loaded.layout}); give one source per fc slot.")
-    if loaded.target_num_layers is not None:
-        layout.check_range(loaded.target_num_layers)
     return dataclasses.replace(
         loaded, config=dataclasses.replace(loaded.config, layout=layout), layout_source="explicit",
         layout_explanation=f"set by eagle3 convert --layout (was {loaded.layout}, "

@@ -51,8 +51,13 @@ __all__ = [
     "SGLANG_ID",
     "Layout",
     "Source",
+    "parse_layout_flag",
     "sglang_id_rule",
 ]
+
+# the fix a layout error names when the layout came with a draft (parse_layout_flag swaps them)
+_DRAFT_FIX_TWICE = "Check the layer ids recorded with the draft."
+_DRAFT_FIX_RANGE = "The draft was trained for a different target; use a draft trained on this target."
 
 _SOURCE_RE = re.compile(r"^\s*(?:(embed)|layer_input\s*:\s*(-?\d+))\s*$")
 
@@ -130,7 +135,7 @@ class Layout:
                 raise LayoutError(
                     f"layout {_fmt(srcs)} names {s} twice; two identical fc input "
                     "slots carry no information and no engine captures a state twice. "
-                    "Check the layer ids recorded with the draft."
+                    f"{_DRAFT_FIX_TWICE}"
                 )
             seen.add(s)
 
@@ -198,8 +203,7 @@ class Layout:
             raise LayoutError(
                 f"layout {self} names {', '.join(map(str, bad))}, but the target has "
                 f"{num_layers} decoder layers (valid: embed, layer_input:1 .. "
-                f"layer_input:{num_layers}). The draft was trained for a different "
-                "target; use a draft trained on this target."
+                f"layer_input:{num_layers}). {_DRAFT_FIX_RANGE}"
             )
 
     def is_layer_ordered(self) -> bool:
@@ -335,6 +339,20 @@ class Layout:
         if engine == "specforge":
             return cls.from_specforge_ids([1, num_layers // 2 - 1, num_layers - 4])
         return cls.eagle_repo(num_layers)
+
+
+def parse_layout_flag(text: str, num_layers: int | None, flag: str = "--layout") -> Layout:
+    """A layout typed on the command line, checked against the target's layer count: its
+    errors name the flag and ask for another value, not for another draft."""
+    try:
+        layout = Layout.parse(text)
+        if num_layers is not None:
+            layout.check_range(num_layers)
+    except LayoutError as exc:
+        fix = f"Give {flag} sources of this target's layers, each once."
+        raise LayoutError(f"{flag} {text!r}: " + str(exc).replace(_DRAFT_FIX_TWICE, fix)
+                          .replace(_DRAFT_FIX_RANGE, fix)) from None
+    return layout
 
 
 # SGLang 0.5.23's set_eagle3_layers_to_capture rule per target model file.

@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -392,8 +393,11 @@ def _init_from(model: Any, path: Path, target_info: Any, layout: Any, vocab: Any
         init = to_layout(init, layout)
     theirs = init.state_dict.get("d2t")
     if theirs is None or theirs.shape != vocab.d2t.shape or not torch.equal(theirs.long(), vocab.d2t):
-        problems.append(f"its draft vocabulary ({init.config.draft_vocab_size} ids) is not this "
-                        f"run's ({vocab.size} ids from the data)")
+        n = init.config.draft_vocab_size
+        problems.append(f"its draft vocabulary ({n} ids) is not this run's ({vocab.size} ids "
+                        "from the data)" if n != vocab.size else f"its draft vocabulary holds "
+                        f"other token ids than this run's (both {n}; a run picks its ids from "
+                        "its data: --dataset, --num-prompts, --vocab-prompts)")
     mine = model.state_dict()
     for name in sorted(set(mine) | set(init.state_dict)):
         if name not in init.state_dict or name not in mine:
@@ -446,7 +450,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from eagle3_backend.checkpoint import LoadedDraft, load_draft, save_sglang
     from eagle3_backend.checkpoint.files import check_destination
-    from eagle3_backend.layout import Layout
+    from eagle3_backend.layout import Layout, parse_layout_flag
     from eagle3_backend.target import TargetInfo
     from eagle3_backend.target import target_path as resolve_target
     from eagle3_backend.train.trainer import (
@@ -500,11 +504,19 @@ def _run_train(args: argparse.Namespace) -> int:
     check_destination(out, args.force, [target_path, args.cache_data, args.teacher_cache,
                                         args.checkpoint_dir, args.init_from,
                                         *(args.add_teacher_cache or [])])
+    for flag, value in (("--cache-data", args.cache_data), ("--teacher-cache", args.teacher_cache),
+                        ("--checkpoint-dir", args.checkpoint_dir)):
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise Eagle3Error(f"{flag} {value} is a file; expected a directory (created when "
+                              "missing). Pass another path.")
     target_info = TargetInfo.from_path(target_path)
-    layout = (Layout.parse(args.layout) if args.layout else
+    layout = (parse_layout_flag(args.layout, target_info.num_hidden_layers) if args.layout else
               Layout.engine_default("sglang", target_info.num_hidden_layers,
                                     target_info.architecture))
-    layout.check_range(target_info.num_hidden_layers)
+    if args.draft_vocab > target_info.vocab_size:
+        print(f"eagle3 train: note: --draft-vocab {args.draft_vocab} is more than the target's "
+              f"{target_info.vocab_size} token ids; the draft predicts over all of them.",
+              file=sys.stderr)
     budget = args.minutes * 60 if args.minutes else None
     data_deadline = t_start + DATA_SHARE * budget if budget else None
     train_deadline = t_start + (1 - RESERVE_SHARE) * budget if budget else None

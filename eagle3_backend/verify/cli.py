@@ -117,9 +117,12 @@ def run_eval(args: argparse.Namespace) -> int:
                             args.speculative_num_draft_tokens)
     if args.max_new_tokens < 1:
         raise Eagle3Error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-    if args.turn < 1 or (args.turn > 1 and args.no_chat_template):
-        raise Eagle3Error(f"--turn {args.turn}: a user turn from 1 on, asked through the chat "
-                          "template (a later turn is a chat; drop --no-chat-template).")
+    if args.turn < 1:
+        raise Eagle3Error(f"--turn {args.turn}: turns count from 1 (the first user turn); "
+                          "expected --turn 1 or more.")
+    if args.turn > 1 and args.no_chat_template:
+        raise Eagle3Error(f"--turn {args.turn}: a later turn is asked as a chat, through the chat "
+                          "template; drop --no-chat-template.")
     files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
     dtype = parse_dtype(args.dtype)
@@ -219,7 +222,8 @@ def _print_eval(r: dict[str, Any]) -> None:
         print(f"by category           {_by_category(r['acceptance_by_category'])}")
     print(f"tok/s speculative     {_fmt(r['tokens_per_s'])}")
     print(f"tok/s target only     {_fmt(r['baseline_tokens_per_s'])}")
-    print(f"speedup               {_fmt(r['speedup'])}x")
+    print("speedup               " + (f"{r['speedup']:.2f}x" if r["speedup"] is not None
+                                       else "n/a (no target-only run)"))
     ms = r.get("step_ms") or {}
     if ms.get("step") is not None:
         cost = (f" = {_fmt(ms['step_cost'])} decode steps of {_fmt(ms['decode'], '.1f')} ms"

@@ -567,6 +567,10 @@ def _records(path: Path) -> Iterator[tuple[str, int, Any]]:
         return _json_array_records(path)
     if first in "{\"":
         return _jsonl_records(path)
+    if suffix in (".jsonl", ".json"):
+        raise DatasetError(
+            f"{path}: line 1 is not JSON (it starts with {first!r}); expected a JSON object per "
+            "line (JSON Lines) or one JSON array. Fix or remove that line.")
     raise DatasetError(
         f"{path}: cannot tell the format (extension {suffix or 'none'!r}, first character "
         f"{first!r}); expected JSON Lines or a JSON array (.jsonl, .json), one prompt per line "

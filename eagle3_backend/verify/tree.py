@@ -76,7 +76,8 @@ class SpecSettings:
             raise Eagle3Error(
                 f"speculative_num_draft_tokens={n} is out of range for {steps} steps with "
                 f"top-k {k}: expected 2..{most} (root + at most k + (steps-1)*k*k drafted "
-                "nodes). Lower it or raise speculative_num_steps / speculative_eagle_topk."
+                "nodes). " + ("Raise it to at least 2 (the root and one draft token)." if n < 2 else
+                              "Lower it or raise speculative_num_steps / speculative_eagle_topk.")
             )
 
     @property

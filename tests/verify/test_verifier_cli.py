@@ -86,7 +86,9 @@ def test_eval_reports_acceptance_by_category(capsys, tmp_path, tiny_target_dir, 
     assert list(r["acceptance_by_category"]) == ["coding", "writing"]
     assert main(["eval", "--target", str(tiny_target_dir), "--draft", str(demo_draft), "--dataset",
                  str(path), "--max-new-tokens", "2", "--no-baseline", "--no-progress"]) == 0
-    assert "by category           coding " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "by category           coding " in out
+    assert "speedup               n/a (no target-only run)\n" in out
 
 
 def test_eval_bf16_reports_agreement(capsys, tiny_target_dir, demo_draft, prompts_file):
@@ -300,6 +302,26 @@ def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_f
          "eagle3 bench: error: --warmup must be >= 0 requests, got -1."),
         (["train", "--out", tmp_path / "o", "--draft-vocab", "0"],
          "eagle3 train: error: --draft-vocab must be >= 1, got 0."),
+        (["train", "--out", tmp_path / "o", "--layout", "[layer_input:2, layer_input:2]"],
+         "eagle3 train: error: --layout '[layer_input:2, layer_input:2]': layout [layer_input:2, "
+         "layer_input:2] names layer_input:2 twice; two identical fc input slots carry no "
+         "information and no engine captures a state twice. Give --layout sources of this "
+         "target's layers, each once."),
+        (["train", "--out", tmp_path / "o", "--layout", "[embed, layer_input:31]"],
+         "eagle3 train: error: --layout '[embed, layer_input:31]': layout [embed, layer_input:31] "
+         "names layer_input:31, but the target has 30 decoder layers (valid: embed, layer_input:1 "
+         ".. layer_input:30). Give --layout sources of this target's layers, each once."),
+        (["train", "--out", tmp_path / "o", "--cache-data", prompts_file],
+         f"eagle3 train: error: --cache-data {prompts_file} is a file; expected a directory "
+         "(created when missing). Pass another path."),
+        (["eval", "--draft", absent, "--turn", "0"],
+         "eagle3 eval: error: --turn 0: turns count from 1 (the first user turn); expected --turn 1 "
+         "or more."),
+        (["eval", "--draft", absent, "--speculative-num-steps", "2", "--speculative-eagle-topk", "4",
+          "--speculative-num-draft-tokens", "1"],
+         "eagle3 eval: error: speculative_num_draft_tokens=1 is out of range for 2 steps with top-k "
+         "4: expected 2..21 (root + at most k + (steps-1)*k*k drafted nodes). Raise it to at least 2 "
+         "(the root and one draft token)."),
     ]
     if gpus == 0:
         cases.append((["eval", "--draft", absent, "--device", "cuda"], "eagle3 eval: error: " + no_gpu))

@@ -311,6 +311,9 @@ def test_bad_files_name_the_problem_and_the_fix(tmp_path):
         "x.csv", b"id,prompt\n1,hello, world\n")
     assert "x.md: cannot tell the format (extension '.md', first character 'h'); expected" in err(
         "x.md", b"hello\n")
+    assert err("x.jsonl", b'not json\n{"prompt": "hi"}\n') == (  # not "rename the file"
+        f"{tmp_path}/x.jsonl: line 1 is not JSON (it starts with 'n'); expected a JSON object per "
+        "line (JSON Lines) or one JSON array. Fix or remove that line.")
     assert "not a readable Parquet file" in err("x.parquet", b"PAR1\x00\x00PAR1")
     assert "is empty; expected at least one prompt" in err("e.jsonl", b"")
     assert "blank.jsonl: only blank lines; expected at least one prompt" in err("blank.jsonl", b"\n  \r\n")
