@@ -103,6 +103,7 @@ def _default_name(kind: str, dataset: str, extra: str) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from eagle3_backend.checkpoint.files import checkpoint_dir, read_config
     from eagle3_backend.verify.datasets import load_prompts
     from eagle3_backend.verify.engine import load_draft_model
     from eagle3_backend.verify.evaluate import at_turn, evaluate
@@ -125,6 +126,7 @@ def run_eval(args: argparse.Namespace) -> int:
                           "template; drop --no-chat-template.")
     files_at = _eval_files_at(args, settings) if args.output_dir or args.name else None
     prompts = load_prompts(args.dataset, args.limit)
+    read_config(checkpoint_dir(args.draft))  # a wrong --draft is named before the target loads
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype, device, allow_pickle=args.allow_pickle,
                          progress=not args.no_progress)

@@ -314,6 +314,9 @@ def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_f
         (["train", "--out", tmp_path / "o", "--cache-data", prompts_file],
          f"eagle3 train: error: --cache-data {prompts_file} is a file; expected a directory "
          "(created when missing). Pass another path."),
+        (["eval", "--draft", absent, "--dataset", prompts_file],  # before the target loads
+         f"eagle3 eval: error: checkpoint '{absent}' does not exist; expected a draft checkpoint "
+         "directory holding config.json and model.safetensors. Check the path."),
         (["eval", "--draft", absent, "--turn", "0"],
          "eagle3 eval: error: --turn 0: turns count from 1 (the first user turn); expected --turn 1 "
          "or more."),
