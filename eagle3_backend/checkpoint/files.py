@@ -94,6 +94,13 @@ def _safetensors_files(ckpt: Path) -> list[Path]:
                 f"{index}: cannot read its 'weight_map' ({type(exc).__name__}: {exc}); expected "
                 f"{{\"weight_map\": {{tensor: file}}}}. Regenerate the index or remove it."
             ) from None
+        # lexically: a hub snapshot's shards are links into its blob store, which is fine
+        outside = [n for n in names
+                   if os.path.dirname(os.path.normpath(os.path.join(ckpt, n))) != os.path.normpath(ckpt)]
+        if outside:
+            raise CheckpointError(
+                f"{index}: names shard(s) {outside} outside {ckpt}; expected the draft's own "
+                f"files. Put the shards next to the index and name them by file name.")
         missing = [n for n in names if not (ckpt / n).is_file()]
         if missing:
             raise CheckpointError(

@@ -717,7 +717,16 @@ def test_sharded_safetensors_with_index(make_draft_checkpoint):
     index = {"weight_map": {n: f for f, part in shards.items() for n in part}}
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     _same_tensors(load_draft(src).state_dict, ref.state_dict)
-    (src / "model-00002-of-00002.safetensors").unlink()
+    # a shard named by a path out of the checkpoint is not read, even where it exists
+    moved = src.parent / "model-00002-of-00002.safetensors"
+    (src / moved.name).rename(moved)
+    index["weight_map"] = {n: f"../{f}" if f == moved.name else f for n, f in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"names shard\(s\) \['../model-00002-of-00002."
+                                              r"safetensors'\] outside"):
+        load_draft(src)
+    index["weight_map"] = {n: f.removeprefix("../") for n, f in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"names shard\(s\) \['model-00002-of-00002."
                                               r"safetensors'\] that are not in"):
         load_draft(src)
