@@ -404,7 +404,7 @@ def test_bundled_names_the_target_for_every_command(tmp_path, capsys):
     assert json.loads((tmp_path / "d" / "config.json").read_text())["eagle3_target"]["num_hidden_layers"] == 30
 
 
-def test_swap_checks_its_arguments_and_names_a_server_that_is_not_sglang(tmp_path, capsys):
+def test_swap_and_bench_check_their_arguments_and_name_a_server_that_is_not_sglang(tmp_path, capsys):
     """Exit 2 with the fix, not 3 ("cannot reach"): a URL without a scheme, --timeout 0, and a
     web server that answers HTML (it used to print the page as the swap's failure)."""
     import threading
@@ -415,15 +415,22 @@ def test_swap_checks_its_arguments_and_names_a_server_that_is_not_sglang(tmp_pat
     code, out, err = run(capsys, "swap", "--url", "http://127.0.0.1:9", "--draft", tmp_path,
                          "--timeout", "0")
     assert (code, err.strip()) == (2, "eagle3 swap: error: --timeout is 0.0; expected > 0 seconds.")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n', encoding="utf-8")
     web = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
     threading.Thread(target=web.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{web.server_address[1]}"
         code, out, err = run(capsys, "swap", "--url", url, "--draft", tmp_path)
+        assert code == 2 and out == "", out
+        assert f"{url} answered HTTP 501 without a JSON body" in err and "not an SGLang server" in err
+        # bench, too, before any prompt (it used to send them all and list the HTML pages)
+        code, out, err = run(capsys, "bench", "--url", url, "--dataset", prompts, "--no-progress")
+        assert code == 2 and out == "", out
+        assert (f"--url {url}: the server has neither /server_info nor /get_server_info: not an "
+                "SGLang server.") in err, err
     finally:
         web.shutdown()
-    assert code == 2 and out == "", out
-    assert f"{url} answered HTTP 501 without a JSON body" in err and "not an SGLang server" in err
 
 
 def test_bench_checks_its_tokenizer_as_eval_checks_a_target(tmp_path, capsys):

@@ -43,6 +43,7 @@ __all__ = [
     "BenchSettings",
     "LevelResult",
     "RequestResult",
+    "NotSGLangError",
     "fetch_server_info",
     "no_spec_metrics",
     "run_benchmark",
@@ -264,6 +265,10 @@ async def _one_request(client: httpx.AsyncClient, url: str, settings: BenchSetti
     return RequestResult(index, True, time.perf_counter() - t0, **fields)
 
 
+class NotSGLangError(ValueError):
+    """The server answered, but not as SGLang does (no /server_info, or not JSON there)."""
+
+
 async def _server_info(client: httpx.AsyncClient, url: str, timeout_s: float) -> dict[str, Any]:
     last_exc: Exception | None = None
     for path in ("/server_info", "/get_server_info"):
@@ -276,13 +281,16 @@ async def _server_info(client: httpx.AsyncClient, url: str, timeout_s: float) ->
             continue
         if resp.status_code != 200:
             raise ValueError(f"GET {path}: HTTP {resp.status_code}")
-        data = resp.json()
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
         if not isinstance(data, dict):
-            raise ValueError(f"GET {path}: expected a JSON object")
+            raise NotSGLangError(f"GET {path}: expected a JSON object, got {resp.text[:60]!r}")
         return data
     if last_exc is not None:
         raise ValueError(f"GET /server_info failed: {type(last_exc).__name__}: {last_exc}")
-    raise ValueError("the server has neither /server_info nor /get_server_info")
+    raise NotSGLangError("the server has neither /server_info nor /get_server_info")
 
 
 def _avg_accept(info: dict[str, Any]) -> float | None:

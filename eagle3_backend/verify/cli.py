@@ -292,7 +292,8 @@ def _bench_prompts(args: argparse.Namespace, prompts: list[Any], tok: Any) -> li
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from eagle3_backend.verify.bench import BenchSettings, check_reachable, run_benchmark
+    from eagle3_backend.verify.bench import (BenchSettings, NotSGLangError, check_reachable,
+                                             fetch_server_info, run_benchmark)
     from eagle3_backend.verify.datasets import load_prompts
 
     levels = _parse_levels(args.concurrency)
@@ -308,9 +309,18 @@ def run_bench(args: argparse.Namespace) -> int:
         from eagle3_backend.verify.targets import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
-    check_reachable(args.url, "--url", min(10.0, args.timeout))
-    if args.baseline_url:
-        check_reachable(args.baseline_url, "--baseline-url", min(10.0, args.timeout))
+    for flag, url in (("--url", args.url), ("--baseline-url", args.baseline_url)):
+        if url:
+            check_reachable(url, flag, min(10.0, args.timeout))
+            if args.api == "native":  # SGLang's own /generate: a server without it is named now
+                try:
+                    fetch_server_info(url, min(10.0, args.timeout))
+                except NotSGLangError as exc:
+                    raise Eagle3Error(f"{flag} {url}: {exc}: not an SGLang server. Is this the "
+                                      "SGLang server's port? (Another OpenAI-compatible server: "
+                                      "--api openai.)") from None
+                except ValueError:  # slow or busy: the run itself will tell
+                    pass
     categories = [p.category for p in prompts]
     prompts = _bench_prompts(args, prompts, tokenizer)
     result = run_benchmark(args.url, prompts, levels, settings, args.baseline_url,
