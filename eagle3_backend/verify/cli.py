@@ -314,7 +314,12 @@ def run_bench(args: argparse.Namespace) -> int:
             check_reachable(url, flag, min(10.0, args.timeout))
             if args.api == "native":  # SGLang's own /generate: a server without it is named now
                 try:
-                    fetch_server_info(url, min(10.0, args.timeout))
+                    info = fetch_server_info(url, min(10.0, args.timeout))
+                    if flag == "--url" and info.get("speculative_algorithm") is None:
+                        print(f"eagle3 bench: note: {url} does not speculate (its /server_info "
+                              "has no speculative_algorithm): acceptance will be n/a. The EAGLE-3 "
+                              "server goes to --url, the target-only one to --baseline-url.",
+                              file=sys.stderr)
                 except NotSGLangError as exc:
                     raise Eagle3Error(f"{flag} {url}: {exc}: not an SGLang server. Is this the "
                                       "SGLang server's port? (Another OpenAI-compatible server: "

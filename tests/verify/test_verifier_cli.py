@@ -155,6 +155,14 @@ def test_bench_cli_json_and_plots(capsys, tmp_path, serve, prompts_file):
     assert {b["text"] for _, b in spec.bodies} == {"Name three colours.", "Count to five."}
 
 
+def test_bench_notes_a_url_that_does_not_speculate(capsys, serve, prompts_file):
+    base = serve(spec=False)  # the target-only server given as --url
+    assert main(["bench", "--url", base.url, "--dataset", str(prompts_file), "--concurrency", "1",
+                 "--max-new-tokens", "4", "--warmup", "0", "--no-progress"]) == 0
+    assert (f"eagle3 bench: note: {base.url} does not speculate (its /server_info has no "
+            "speculative_algorithm)") in capsys.readouterr().err
+
+
 def test_bench_tokenizer_sends_the_chat_template_text(capsys, serve, prompts_file):
     from eagle3_backend.verify.targets import load_tokenizer
 
