@@ -493,6 +493,10 @@ def _run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     # with --checkpoint-dir the schedule never depends on the budget (a sitting may differ)
     epochs = args.epochs or (20.0 if args.minutes and not args.checkpoint_dir else 3.0)
+    for flag, value in (("--steps", args.steps), ("--ttt-steps", args.ttt_steps),
+                        ("--batch-tokens", args.batch_tokens)):
+        if value is not None and value < 1:
+            raise Eagle3Error(f"{flag} must be >= 1, got {value}.")
     settings = TrainSettings(ttt_steps=args.ttt_steps, steps=args.steps, epochs=epochs,
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)

@@ -319,6 +319,8 @@ def test_bad_run_settings_are_refused_before_loading(capsys, tmp_path, prompts_f
          "eagle3 train: error: --layout '[embed, layer_input:31]': layout [embed, layer_input:31] "
          "names layer_input:31, but the target has 30 decoder layers (valid: embed, layer_input:1 "
          ".. layer_input:30). Give --layout sources of this target's layers, each once."),
+        (["train", "--out", tmp_path / "o", "--steps", "0"],
+         "eagle3 train: error: --steps must be >= 1, got 0."),
         (["train", "--out", tmp_path / "o", "--cache-data", prompts_file],
          f"eagle3 train: error: --cache-data {prompts_file} is a file; expected a directory "
          "(created when missing). Pass another path."),
