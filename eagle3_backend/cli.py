@@ -302,12 +302,10 @@ def cmd_swap(args: argparse.Namespace) -> int:
     from eagle3_backend.verify.bench import check_url
 
     check_url(args.url, "--url")
-    for flag, value, ok, want in (("--timeout", args.timeout, args.timeout > 0, "> 0 seconds"),
-                                  ("--probe-prompts", args.probe_prompts, args.probe_prompts >= 0, ">= 0"),
-                                  ("--probe-tokens", args.probe_tokens, args.probe_tokens >= 1, ">= 1"),
-                                  ("--margin", args.margin, args.margin >= 0, ">= 0")):
-        if not ok:
-            raise Eagle3Error(f"{flag} is {value}; expected {want}.")
+    for flag, value, low in (("--timeout", args.timeout, None), ("--probe-prompts", args.probe_prompts, 0),
+                             ("--probe-tokens", args.probe_tokens, 1), ("--margin", args.margin, 0)):
+        if (value <= 0) if low is None else (value < low):
+            raise Eagle3Error(f"{flag} is {value}; expected {'> 0 seconds' if low is None else f'>= {low}'}.")
     if args.rollback:
         route, body = drafts.ROLLBACK_ROUTE, {}
     else:

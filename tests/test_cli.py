@@ -401,7 +401,8 @@ def test_bundled_names_the_target_for_every_command(tmp_path, capsys):
     assert code == 0 and f"on {bundled_target_path()} (LlamaForCausalLM, 30 layers" in out, err
     code, out, err = run(capsys, "make-demo-draft", tmp_path / "d", "--target", "bundled")
     assert code == 0, err
-    assert json.loads((tmp_path / "d" / "config.json").read_text())["eagle3_target"]["num_hidden_layers"] == 30
+    recorded = json.loads((tmp_path / "d" / "config.json").read_text())["eagle3_target"]
+    assert recorded["num_hidden_layers"] == 30
 
 
 def test_swap_and_bench_check_their_arguments_and_name_a_server_that_is_not_sglang(tmp_path, capsys):

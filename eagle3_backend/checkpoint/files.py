@@ -95,8 +95,8 @@ def _safetensors_files(ckpt: Path) -> list[Path]:
                 f"{{\"weight_map\": {{tensor: file}}}}. Regenerate the index or remove it."
             ) from None
         # lexically: a hub snapshot's shards are links into its blob store, which is fine
-        outside = [n for n in names
-                   if os.path.dirname(os.path.normpath(os.path.join(ckpt, n))) != os.path.normpath(ckpt)]
+        home = os.path.normpath(ckpt)
+        outside = [n for n in names if os.path.dirname(os.path.normpath(os.path.join(home, n))) != home]
         if outside:
             raise CheckpointError(
                 f"{index}: names shard(s) {outside} outside {ckpt}; expected the draft's own "

@@ -370,7 +370,8 @@ def load_draft(
         path=str(ckpt), format=fmt, config=config, state_dict=tensors,
         layout_source=resolved.source, layout_explanation=resolved.explanation,
         target_architecture=arch, target_num_layers=num_layers, sglang_ids=sglang_ids,
-        stored_names=tuple(tensors_raw), warnings=tuple(warnings), problems=tuple(problems), raw_config=raw,
+        stored_names=tuple(tensors_raw), warnings=tuple(warnings), problems=tuple(problems),
+        raw_config=raw,
     )
 
 
