@@ -51,7 +51,7 @@ def check_launch(args: LaunchArgs, target: TargetInfo | None,
     if not args.draft_path or (args.algorithm == "EAGLE" and not Path(args.draft_path).is_dir()):
         _raise(suite.check_args(args), "the launch")
         return None  # EAGLE from a hub id: SGLang reports what it cannot read itself
-    ckpt = _local_dir(args.draft_path)
+    ckpt = local_dir(args.draft_path)
     try:
         verdict = suite.judge(ckpt, target, args=args,
                               choose_layout=lambda loaded: resolve_layout(loaded, env))
@@ -106,10 +106,15 @@ def resolve_layout(loaded: Any, env: Mapping[str, str]) -> tuple[Layout, str]:
     return recorded, source
 
 
-def _local_dir(path: str) -> Path:
+def local_dir(path: str) -> Path:
+    """The draft's directory: ``path``, or a hub id fetched (its configs and safetensors)."""
     p = Path(path)
     if p.is_dir():
         return p
+    if p.exists() or path.startswith(("/", ".", "~")):
+        raise CheckpointError(
+            f"{REFUSES}: draft {path!r} {'is not a directory' if p.exists() else 'does not exist'}; "
+            "expected an EAGLE-3 checkpoint directory. Check --speculative-draft-model-path.")
     try:  # a hub id: SGLang would download it too; do it now, before the target loads
         from huggingface_hub import snapshot_download
 

@@ -89,6 +89,11 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.server_args.ServerArgs.check_server_args", AFTER, "(self)", "main",
          f"{_S}.runtime:after_check_server_args",
          "runs once in the launcher after argument resolution, before any process loads weights"),
+    Hook("sglang.srt.arg_groups.speculative_hook._resolve_speculative_algorithm_alias", BEFORE,
+         "(speculative_algorithm, speculative_draft_model_path, trust_remote_code=, kwargs=)", "main",
+         f"{_S}.runtime:before_resolve_speculative_algorithm",
+         "SGLang reads the draft's config while it resolves the arguments, before "
+         "check_server_args: a draft path that is not there ended in a hub traceback"),
     Hook("sglang.srt.arg_groups.model_override_base.resolving_view", USE, "(server_args)", "main",
          why="the resolved arguments (algorithm, paths, parallelism)"),
     Hook("sglang.srt.arg_groups.model_override_base.model_config_of", USE, "(server_args)", "main",

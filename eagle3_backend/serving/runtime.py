@@ -28,6 +28,21 @@ _LOGITS_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
 
 
 # ----------------------------------------------------------------------------- launcher
+def before_resolve_speculative_algorithm(*args: Any, **kwargs: Any) -> None:
+    """BEFORE SGLang reads an EAGLE-3 draft's config while resolving the arguments: a draft path
+    that is neither a directory nor a checkpoint that can be fetched gets the refusal."""
+    algorithm = args[0] if args else kwargs.get("speculative_algorithm")
+    path = args[1] if len(args) > 1 else kwargs.get("speculative_draft_model_path")
+    if str(algorithm or "").upper() != "EAGLE3" or not path:
+        return None
+    try:
+        checks.local_dir(path)
+    except Eagle3Error as exc:
+        logger.error("%s", exc)
+        raise SystemExit(EXIT_REFUSED) from None
+    return None
+
+
 def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ServerArgs.check_server_args: refuse before loading weights, or hand the plan on."""
     launch = launch_args(server_args)

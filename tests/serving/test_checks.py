@@ -145,3 +145,25 @@ def test_sglang_params_follow_the_config_flags():
     assert {"model.fc.bias", "model.layers.0.self_attn.o_proj.bias", "model.input_norm.weight",
             "model.fc_norm.0.weight", "model.fc_norm.2.weight"} <= flags
     assert "lm_head.weight" not in flags and "model.fc_norm.3.weight" not in flags
+
+
+def test_a_draft_path_that_is_not_there_is_refused_before_sglang_reads_it(tmp_path, monkeypatch,
+                                                                         caplog):
+    """SGLang 0.5.23 reads the draft's config while it resolves its arguments, before
+    check_server_args: the plugin's BEFORE hook there refuses first (a launch with a hub id
+    and HF_HUB_OFFLINE=1 ended in two huggingface_hub tracebacks, by hand on 12-07; now exit 2
+    and this paragraph)."""
+    from eagle3_backend.serving import runtime
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "file").write_text("x")
+    cases = {str(tmp_path / "gone"): "does not exist", str(tmp_path / "file"): "is not a directory",
+             "no-such-org/no-such-draft": "is not a local directory and could not be fetched"}
+    for path, words in cases.items():
+        caplog.clear()
+        with pytest.raises(SystemExit) as stop:
+            runtime.before_resolve_speculative_algorithm("EAGLE3", path, trust_remote_code=False)
+        assert stop.value.code == 2
+        assert f"eagle3_backend refuses to start: draft {path!r} {words}" in caplog.text
+    assert runtime.before_resolve_speculative_algorithm("EAGLE", str(tmp_path / "gone")) is None
+    assert runtime.before_resolve_speculative_algorithm("EAGLE3", str(tmp_path)) is None

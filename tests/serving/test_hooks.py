@@ -196,6 +196,8 @@ def test_plugin_registers_serve_rows_only_in_an_eagle3_launch(monkeypatch):
     http = [(h.target, h.kind) for h in hooks.rows("draft-http") if h.kind != hooks.USE]
     assert http == [("sglang.srt.entrypoints.http_server._setup_and_run_http_server", "before")]
     assert calls == [("sglang.srt.server_args.ServerArgs.check_server_args", "after"),
+                     ("sglang.srt.arg_groups.speculative_hook._resolve_speculative_algorithm_alias",
+                      "before"),
                      ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before"),
                      *http]
     calls.clear()
