@@ -344,7 +344,7 @@ def test_cli_shows_dataset_notes_and_errors_without_verbose(tmp_path, capsys, ca
     finally:
         root.setLevel(saved[0])
         logging.getLogger("eagle3_backend.verify.datasets").setLevel(saved[1])
-    assert code == 2 and "target" in capsys.readouterr().err
+    assert code == 2 and f"checkpoint '{tmp_path / 'none'}' does not exist" in capsys.readouterr().err
     assert [r.getMessage() for r in caplog.records if r.name.endswith("datasets")] == [
         f"{path}: 1 prompts; {RECORDED}: 1"]
     bad = tmp_path / "bad.jsonl"
