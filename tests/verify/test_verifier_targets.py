@@ -121,12 +121,16 @@ def test_pickle_target_weights_are_refused_unless_allowed(tiny_target_dir, tmp_p
                "model.safetensors. If you trust them, pass --allow-pickle")
     with pytest.raises(TargetError, match=r"^" + message.replace("(", r"\(").replace(")", r"\)")):
         load_target(pk)
+    from eagle3_backend.checkpoint.demo import make_demo_draft
+    from eagle3_backend.target import TargetInfo
+
+    make_demo_draft(tmp_path / "d", TargetInfo.from_path(tiny_target_dir))  # eval checks it first
     for argv in (["eval", "--draft", tmp_path / "d"], ["doctor", tmp_path / "d"],
                  ["train", "--out", tmp_path / "o", "--layout", "[embed]"]):
         assert main([*map(str, argv), "--target", str(pk), "--no-progress"]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"eagle3 {argv[0]}: error: {message}"), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pickled"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "pickled"]
 
     t = load_target(pk, allow_pickle=True)
     ref = load_target(tiny_target_dir)
