@@ -302,10 +302,12 @@ def cmd_swap(args: argparse.Namespace) -> int:
     from eagle3_backend.verify.bench import check_url
 
     check_url(args.url, "--url")
-    for flag, value, low in (("--timeout", args.timeout, None), ("--probe-prompts", args.probe_prompts, 0),
+    if not args.timeout > 0:
+        raise Eagle3Error(f"--timeout is {args.timeout}; expected > 0 seconds.")
+    for flag, value, low in (("--probe-prompts", args.probe_prompts, 0),
                              ("--probe-tokens", args.probe_tokens, 1), ("--margin", args.margin, 0)):
-        if (value <= 0) if low is None else (value < low):
-            raise Eagle3Error(f"{flag} is {value}; expected {'> 0 seconds' if low is None else f'>= {low}'}.")
+        if value < low:
+            raise Eagle3Error(f"{flag} is {value}; expected >= {low}.")
     if args.rollback:
         route, body = drafts.ROLLBACK_ROUTE, {}
     else:

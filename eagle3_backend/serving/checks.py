@@ -106,8 +106,10 @@ def resolve_layout(loaded: Any, env: Mapping[str, str]) -> tuple[Layout, str]:
     return recorded, source
 
 
+@functools.lru_cache(maxsize=8)
 def local_dir(path: str) -> Path:
-    """The draft's directory: ``path``, or a hub id fetched (its configs and safetensors)."""
+    """The draft's directory: ``path``, or a hub id fetched (its configs and safetensors), once
+    a process: the launcher asks before SGLang reads the draft's config and again in its checks."""
     p = Path(path)
     if p.is_dir():
         return p

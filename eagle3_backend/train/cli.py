@@ -394,10 +394,13 @@ def _init_from(model: Any, path: Path, target_info: Any, layout: Any, vocab: Any
     theirs = init.state_dict.get("d2t")
     if theirs is None or theirs.shape != vocab.d2t.shape or not torch.equal(theirs.long(), vocab.d2t):
         n = init.config.draft_vocab_size
-        problems.append(f"its draft vocabulary ({n} ids) is not this run's ({vocab.size} ids "
-                        "from the data)" if n != vocab.size else f"its draft vocabulary holds "
-                        f"other token ids than this run's (both {n}; a run picks its ids from "
-                        "its data: --dataset, --num-prompts, --vocab-prompts)")
+        if n != vocab.size:
+            problems.append(f"its draft vocabulary ({n} ids) is not this run's ({vocab.size} ids "
+                            "from the data)")
+        else:
+            problems.append(f"its draft vocabulary holds other token ids than this run's (both "
+                            f"{n}; a run picks its ids from its data: --dataset, --num-prompts, "
+                            "--vocab-prompts)")
     mine = model.state_dict()
     for name in sorted(set(mine) | set(init.state_dict)):
         if name not in init.state_dict or name not in mine:
@@ -472,7 +475,7 @@ def _run_train(args: argparse.Namespace) -> int:
     for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "gen_batch", "threads",
                  "vocab_prompts", "draft_vocab", "teacher_tokens", "max_seq_tokens", "topk",
                  "teacher_batch_tokens", "checkpoint_every", "intermediate_size", "draft_layers",
-                 "answer_turn"):
+                 "answer_turn", "steps", "ttt_steps", "batch_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise Eagle3Error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.first_conversation < 0 or (args.first_conversation and args.source == "generated"):
@@ -493,10 +496,6 @@ def _run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     # with --checkpoint-dir the schedule never depends on the budget (a sitting may differ)
     epochs = args.epochs or (20.0 if args.minutes and not args.checkpoint_dir else 3.0)
-    for flag, value in (("--steps", args.steps), ("--ttt-steps", args.ttt_steps),
-                        ("--batch-tokens", args.batch_tokens)):
-        if value is not None and value < 1:
-            raise Eagle3Error(f"{flag} must be >= 1, got {value}.")
     settings = TrainSettings(ttt_steps=args.ttt_steps, steps=args.steps, epochs=epochs,
                              batch_tokens=args.batch_tokens, lr=args.lr,
                              heldout_fraction=args.heldout_fraction, seed=args.seed)
