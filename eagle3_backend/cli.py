@@ -5,7 +5,7 @@
                                              (with --target: exit 1 when DST is not servable)
     eagle3 validate CKPT --target T [--speculative-*]  (exit 0 servable, 1 problems, 2 bad input)
     eagle3 env [--json]
-    eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N]
+    eagle3 make-demo-draft OUT --target GGUF_OR_DIR [--seed N] [--layout L]
     eagle3 eval --draft D [--target T] --dataset mt-bench|sharegpt|FILE [--json]
     eagle3 bench --url URL [--baseline-url URL] --dataset ... --concurrency 1,4,16
     eagle3 train --out DIR [--target T] [--dataset sharegpt|FILE] [--minutes M]
@@ -273,15 +273,19 @@ def cmd_env(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- demo draft
 def cmd_make_demo_draft(args: argparse.Namespace) -> int:
     from eagle3_backend.checkpoint.demo import make_demo_draft
+    from eagle3_backend.layout import parse_layout_flag
 
     target = _target(args.target)
+    layout = parse_layout_flag(args.layout, target.num_hidden_layers) if args.layout else None
     out, draft = make_demo_draft(args.out, target, seed=args.seed,
                                  draft_vocab_size=args.draft_vocab_size, dtype=args.dtype,
-                                 force=args.force)
+                                 force=args.force, layout=layout)
     cfg = draft.config
     print(f"wrote {out}: randomly initialised EAGLE-3 draft (seed {args.seed}) for "
           f"{target.architecture} {target.source}")
-    print(f"  layout {cfg.layout} (SGLang default for {target.num_hidden_layers} layers), "
+    how = (f"SGLang default for {target.num_hidden_layers} layers" if layout is None else
+           "as given" if layout == cfg.layout else f"given as {layout}, stored in layer order")
+    print(f"  layout {cfg.layout} ({how}), "
           f"hidden {cfg.hidden_size}, fc {cfg.fc_in_features} -> {cfg.hidden_size}")
     print(f"  draft vocab {cfg.draft_vocab_size} (target ids 0..{cfg.draft_vocab_size - 1}) of "
           f"{cfg.vocab_size}, {cfg.dtype}, {_fmt_int(draft.num_parameters)} parameters, "
@@ -445,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--draft-vocab-size", type=int, default=8192)
     sp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    sp.add_argument("--layout", metavar="LAYOUT", default=None,
+                    help="the fc input's sources, e.g. \"[embed, layer_input:3]\" (default: "
+                         "SGLang's default for the target's layer count)")
     sp.add_argument("--force", action="store_true", help=force_help("OUT"))
     sp.set_defaults(func=cmd_make_demo_draft)
 

@@ -511,8 +511,9 @@ def _default_layers(num_layers: int) -> list[int]:
     if num_layers < 7:  # below 7, 2 < L//2 < L-3 fails: two slots would be one state
         raise LayoutError(
             f"the engine default layout (inputs of layers 2, L//2, L-3) needs at least "
-            f"7 decoder layers (three distinct states), got {num_layers}. Give the layout explicitly (e.g. "
-            f"--layout \"[embed, layer_input:{max(num_layers, 1)}]\" for eagle3 train)."
+            f"7 decoder layers (three distinct states), got {num_layers}. Give the layout explicitly "
+            f"(eagle3 train and make-demo-draft take e.g. "
+            f"--layout \"[embed, layer_input:{max(num_layers, 1)}]\")."
         )
     return [2, num_layers // 2, num_layers - 3]
 

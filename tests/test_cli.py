@@ -376,6 +376,33 @@ def test_make_demo_draft_for_bundled_target(bundled_gguf, tmp_path, capsys):
     assert embed.shape == (49152, 576) and float(embed.float().abs().sum()) > 0
 
 
+def test_make_demo_draft_takes_a_layout_for_a_target_too_small_for_the_default(
+        tiny_target_config, tmp_path, capsys):
+    """A 4-layer target has no engine default (2, L//2, L-3 collide); --layout gives one, and
+    the refusal without it names the flag of this command too."""
+    target = tiny_target_config(num_hidden_layers=4)
+    code, out, err = run(capsys, "make-demo-draft", tmp_path / "a", "--target", target)
+    assert code == 2 and "needs at least 7 decoder layers" in err, err
+    assert "eagle3 train and make-demo-draft take e.g. --layout \"[embed, layer_input:4]\"" in err
+    code, out, err = run(capsys, "make-demo-draft", tmp_path / "b", "--target", target,
+                         "--layout", "[embed, layer_input:1, layer_input:9]")
+    assert code == 2 and err.startswith("eagle3 make-demo-draft: error: --layout '[embed, layer_input:1, layer_input:9]'")
+    assert "Give --layout sources of this target's layers, each once." in err, err
+    assert not (tmp_path / "b").exists()
+    code, out, err = run(capsys, "make-demo-draft", tmp_path / "c", "--target", target,
+                         "--layout", "[layer_input:3, embed]", "--draft-vocab-size", 64)
+    assert code == 0, err
+    # SGLang concatenates captures in layer order: the written draft is in that order
+    assert ("  layout [embed, layer_input:3] (given as [layer_input:3, embed], stored in layer "
+            "order), ") in out
+    code, out, err = run(capsys, "inspect", tmp_path / "c", "--json")
+    rep = json.loads(out)
+    assert (rep["layout"], rep["layout_source"], rep["fc_in_features"]) == (
+        ["embed", "layer_input:3"], "explicit", 2 * 64)  # hidden 64
+    code, out, err = run(capsys, "validate", tmp_path / "c", "--target", target)
+    assert code == 0, out + err
+
+
 def test_validate_says_what_serving_says_for_other_formats(make_draft_checkpoint,
                                                            tiny_target_config, capsys):
     # the plugin serves SGLang's draft class only, and SGLang's llama file cannot capture

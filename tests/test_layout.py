@@ -214,8 +214,8 @@ def test_engine_default_on_a_tiny_target_names_the_fix():
         Layout.engine_default("sglang", 2, "LlamaForCausalLM")
     assert str(info.value) == (
         "the engine default layout (inputs of layers 2, L//2, L-3) needs at least 7 decoder "
-        "layers (three distinct states), got 2. Give the layout explicitly (e.g. --layout \"[embed, layer_input:2]\" for "
-        "eagle3 train).")
+        "layers (three distinct states), got 2. Give the layout explicitly (eagle3 train and "
+        "make-demo-draft take e.g. --layout \"[embed, layer_input:2]\").")
     assert str(Layout.parse("[embed, layer_input:2]")) == "[embed, layer_input:2]"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from eagle3_backend.checkpoint.loaded import LoadedDraft
-from eagle3_backend.checkpoint.write import save_sglang
+from eagle3_backend.checkpoint.write import save_sglang, to_layer_order
 from eagle3_backend.config import DraftConfig
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def demo_config(target: TargetInfo, draft_vocab_size: int = 8192, dtype: str = "bfloat16",
-                has_embed_tokens: bool = True) -> DraftConfig:
+                has_embed_tokens: bool = True, layout: Layout | None = None) -> DraftConfig:
     heads = target.num_attention_heads
     if heads is None:
         raise TargetError(f"{target.source}: the target does not record num_attention_heads; "
@@ -42,7 +42,8 @@ def demo_config(target: TargetInfo, draft_vocab_size: int = 8192, dtype: str = "
         vocab_size=target.vocab_size,
         draft_vocab_size=min(draft_vocab_size, target.vocab_size),
         target_hidden_size=target.hidden_size,
-        layout=Layout.engine_default("sglang", target.num_hidden_layers, target.architecture),
+        layout=layout or Layout.engine_default("sglang", target.num_hidden_layers,
+                                               target.architecture),
         rms_norm_eps=target.rms_norm_eps or 1e-6,
         rope_theta=target.rope_theta or 10000.0,
         max_position_embeddings=target.max_position_embeddings or 2048,
@@ -75,11 +76,12 @@ def target_embedding(target: TargetInfo) -> torch.Tensor | None:
 
 
 def build_demo_draft(target: TargetInfo, seed: int = 0, draft_vocab_size: int = 8192,
-                     dtype: str = "bfloat16") -> LoadedDraft:
+                     dtype: str = "bfloat16", layout: Layout | None = None) -> LoadedDraft:
     from eagle3_backend.model import Eagle3DraftModel
 
     embed = target_embedding(target)
-    cfg = demo_config(target, draft_vocab_size, dtype, has_embed_tokens=embed is not None)
+    cfg = demo_config(target, draft_vocab_size, dtype, has_embed_tokens=embed is not None,
+                      layout=layout)
     model = Eagle3DraftModel.init_random(cfg, seed=seed)
     model.set_vocab_map(torch.arange(cfg.draft_vocab_size))
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -89,14 +91,16 @@ def build_demo_draft(target: TargetInfo, seed: int = 0, draft_vocab_size: int = 
     return LoadedDraft(
         path="<demo>", format="sglang", config=cfg, state_dict=sd,
         layout_source="explicit",
-        layout_explanation=f"demo draft: SGLang's default layout for {target.num_hidden_layers} "
-                           f"layers = {cfg.layout}, {how}",
+        layout_explanation=(f"demo draft: layout {cfg.layout} given" if layout else
+                            f"demo draft: SGLang's default layout for {target.num_hidden_layers} "
+                            f"layers = {cfg.layout}") + f", {how}",
         target_architecture=target.architecture, target_num_layers=target.num_hidden_layers,
     )
 
 
 def make_demo_draft(out: str | os.PathLike[str], target: TargetInfo, seed: int = 0,
                     draft_vocab_size: int = 8192, dtype: str = "bfloat16",
-                    force: bool = False) -> tuple[Path, LoadedDraft]:
-    draft = build_demo_draft(target, seed, draft_vocab_size, dtype)
-    return save_sglang(draft, out, target=target, force=force), draft
+                    force: bool = False, layout: Layout | None = None) -> tuple[Path, LoadedDraft]:
+    """Write the demo draft; returns it as written (SGLang format: its layout in layer order)."""
+    draft = build_demo_draft(target, seed, draft_vocab_size, dtype, layout)
+    return save_sglang(draft, out, target=target, force=force), to_layer_order(draft)
