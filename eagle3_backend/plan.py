@@ -39,9 +39,12 @@ class ArchCapture:
 
     architecture: str  # HF ``architectures[0]``, what SGLang dispatches on
     model_class: str  # dotted path of the SGLang class (a USE entry of hooks.HOOKS)
+    wraps: str = ""  # the architecture whose setter this file's calls unchanged (its id rule)
 
     def __post_init__(self) -> None:
         sglang_id_rule(self.architecture)  # every supported arch has a known id rule
+        if self.wraps:
+            assert sglang_id_rule(self.wraps) == sglang_id_rule(self.architecture), self
 
     @property
     def captures_last(self) -> bool:
@@ -64,6 +67,10 @@ ARCHS: dict[str, ArchCapture] = {
         ArchCapture("DeepseekV2ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"),
         # Kimi-K2 and DeepSeek-V3 both declare DeepseekV3ForCausalLM.
         ArchCapture("DeepseekV3ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM"),
+        # Kimi-K2.5: a vision tower around DeepseekV3ForCausalLM, whose setter it calls
+        ArchCapture("KimiK25ForConditionalGeneration",
+                    "sglang.srt.models.kimi_k25.KimiK25ForConditionalGeneration",
+                    wraps="DeepseekV3ForCausalLM"),
         # DeepSeek-V3.2 and GLM-5 (DSA attention, CUDA only: not served on this CPU) are
         # DeepseekV2ForCausalLM subclasses that add nothing to its capture
         ArchCapture("DeepseekV32ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV32ForCausalLM"),

@@ -34,6 +34,8 @@ CASES = [
     ("DeepseekV3ForCausalLM", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
     ("DeepseekV3ForCausalLM", 61, "[layer_input:2, layer_input:30, layer_input:58]", [1, 29, 57], (2, 30, 58), (0, 1, 2)),
     ("DeepseekV3ForCausalLM", 61, "[layer_input:1, layer_input:30, layer_input:58]", [30, 58, 1], (1, 30, 58), (0, 1, 2)),
+    ("KimiK25ForConditionalGeneration", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
+    ("KimiK25ForConditionalGeneration", 61, "[layer_input:2, layer_input:30, layer_input:58]", [1, 29, 57], (2, 30, 58), (0, 1, 2)),
     ("Glm4MoeLiteForCausalLM", 47, "[layer_input:2, layer_input:23, layer_input:44]", [1, 22, 43], (2, 23, 44), (0, 1, 2)),
     ("Glm4MoeLiteForCausalLM", 47, "[layer_input:44, embed, layer_input:1]", [0, 1, 44], (0, 1, 44), (1, 2, 0)),
     ("DeepseekV32ForCausalLM", 61, "[embed, layer_input:3, layer_input:31]", [0, 3, 31], (0, 3, 31), (0, 1, 2)),
@@ -90,7 +92,13 @@ def _run_model_file(arch: str, L: int, ids: list[int]) -> list[int]:
     fake = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True),
                            config=SimpleNamespace(num_hidden_layers=L), model=inner,
                            capture_aux_hidden_states=False)
-    cls.set_eagle3_layers_to_capture(fake, ids)
+    if arch == "KimiK25ForConditionalGeneration":  # the wrapper calls its language model's setter
+        lm_setter = pkgutil.resolve_name(
+            "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM.set_eagle3_layers_to_capture")
+        fake.set_eagle3_layers_to_capture = lambda layer_ids: lm_setter(fake, layer_ids)
+        cls.set_eagle3_layers_to_capture(SimpleNamespace(language_model=fake), ids)
+    else:
+        cls.set_eagle3_layers_to_capture(fake, ids)
     assert fake.capture_aux_hidden_states is True
     if arch == "Qwen3MoeForCausalLM":
         flagged = [i for i, layer in enumerate(inner.layers) if getattr(layer, "_is_layer_to_capture", False)]

@@ -49,7 +49,7 @@ def plugin() -> None:
     if not problems and plan_text:
         from eagle3_backend.serving.runtime import process_plan
 
-        problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(process_plan().architecture))
+        problems = hooks.verify("serve") + hooks.verify_arch(process_plan().architecture)
     from eagle3_backend.cpu import entry as cpu_entry
 
     on_cpu = cpu_entry.applies()  # the CPU engine with this package's platform

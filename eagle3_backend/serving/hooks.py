@@ -237,6 +237,14 @@ def arch_group(architecture: str) -> str:
     return f"arch:{architecture}"
 
 
+def verify_arch(architecture: str) -> list[str]:
+    """:func:`verify` for a served target's model file, and the file it wraps (whose setter
+    and id rule it uses); [] for an architecture the plan refuses anyway."""
+    arch = ARCHS.get(architecture)
+    wrapped = [arch.wraps] if arch is not None and arch.wraps else []
+    return [p for a in (architecture, *wrapped) for p in verify(arch_group(a))]
+
+
 # ---------------------------------------------------------------------------- resolving
 def sglang_version() -> str:
     try:

@@ -54,7 +54,7 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
         target = None
         if launch.algorithm == "EAGLE3":
             target = target_of(server_args)
-            problems = hooks.verify("serve") + hooks.verify(hooks.arch_group(target.architecture))
+            problems = hooks.verify("serve") + hooks.verify_arch(target.architecture)
             if problems:
                 raise ServingError(hooks.fail_closed_line(problems[0]))
         plan = checks.check_launch(launch, target)

@@ -97,6 +97,24 @@ def test_ids_only_draft_is_read_by_the_target_rule(tmp_path):
     assert plan.layout == Layout.parse("[layer_input:2, layer_input:5, layer_input:7]")  # ids[0]==1: +1
 
 
+def test_kimi_k25_target_is_served_from_its_text_config(tmp_path):
+    """Kimi-K2.5 keeps its language model (DeepSeek-V3) in text_config and hands the ids to it:
+    the shape comes from there and the ids follow DeepSeek's rule."""
+    from eagle3_backend.target import TargetInfo
+
+    text = {"model_type": "kimi_k2", "num_hidden_layers": 8, "hidden_size": HIDDEN,
+            "vocab_size": tiny_target().vocab_size}
+    target = TargetInfo.from_hf_dict({"architectures": ["KimiK25ForConditionalGeneration"],
+                                      "model_type": "kimi_k25", "text_config": text,
+                                      "vision_config": {"hidden_size": 32}}, source="k25")
+    assert (target.architecture, target.num_hidden_layers, target.hidden_size) == (
+        "KimiK25ForConditionalGeneration", 8, HIDDEN)
+    draft = write_draft(tmp_path / "d", layout=None, ids=[1, 4, 6])
+    plan = check_launch(eagle3(draft), target, NO_ENV)
+    assert plan.layout == Layout.parse("[layer_input:2, layer_input:5, layer_input:7]")  # ids[0]==1: +1
+    assert plan.model_ids() == [1, 4, 6]
+
+
 def test_unsupported_target_and_parallel_setups_are_refused(tmp_path):
     draft = write_draft(tmp_path / "d")
     with pytest.raises(ServingError, match=r"'MixtralForCausalLM' is not supported"):

@@ -129,6 +129,26 @@ def test_changed_signature_fails_closed(monkeypatch):
     assert problem.endswith("expected (self, input_ids)")
 
 
+def test_a_wrapping_target_checks_the_setter_it_calls(monkeypatch):
+    """Kimi-K2.5's file calls DeepseekV3ForCausalLM's setter, whose id rule the plan inverts:
+    a change there stops a Kimi-K2.5 launch too, not only a DeepSeek-V3 one."""
+    setter = "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM.set_eagle3_layers_to_capture"
+    assert hooks.verify_arch("KimiK25ForConditionalGeneration") == []
+    real = hooks._resolve
+
+    def resolve(target):
+        if target == setter:
+            raise AttributeError("no attribute 'set_eagle3_layers_to_capture'")
+        return real(target)
+
+    monkeypatch.setattr(hooks, "_resolve", resolve)
+    for arch in ("KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM"):
+        (problem,) = hooks.verify_arch(arch)
+        assert problem.startswith(f"lacks hook target {setter}"), problem
+    assert hooks.verify_arch("LlamaForCausalLM") == []
+    assert hooks.verify_arch("Gemma2ForCausalLM") == []  # refused by the plan, not here
+
+
 def _recording_registry(monkeypatch, missing: str | None = None) -> list[str]:
     """Targets registered from now on (SGLang's registry is not touched); ``missing`` resolves to nothing."""
     calls: list[str] = []
