@@ -112,6 +112,24 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
     err = capsys.readouterr().err
     assert f"--init-from {out}: midlayer.mlp.down_proj.weight is [64, 256], this run's is [64, 96]" in err
     assert "drop --init-from" in err and not (tmp_path / "draft5").exists()
+    # a draft vocabulary past the target's is noted (the draft predicts over all of them) and
+    # here, being another size, refused; the same size over other ids names the data flags
+    assert main([*_argv(tiny_target_dir, prompts_file, tmp_path / "draft6", cache),
+                 "--init-from", str(out), "--draft-vocab", "60000"]) == 2
+    err = capsys.readouterr().err
+    assert ("eagle3 train: note: --draft-vocab 60000 is more than the target's 49152 token ids; "
+            "the draft predicts over all of them.") in err
+    assert (f"--init-from {out}: its draft vocabulary (256 ids) is not this run's (49152 ids "
+            "from the data)") in err
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"prompt": f"Name {i} rivers of Peru, in French."}) + "\n"
+                             for i in range(6)), encoding="utf-8")
+    assert main([*_argv(tiny_target_dir, other, tmp_path / "draft7", cache),
+                 "--init-from", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (f"--init-from {out}: its draft vocabulary holds other token ids than this run's "
+            "(both 256; a run picks its ids from its data: --dataset, --num-prompts, "
+            "--vocab-prompts)") in err
 
 
 def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, prompts_file, capsys):
