@@ -164,3 +164,20 @@ def test_validate_and_the_server_refuse_alike(family, case, launches, targets, c
     assert "Traceback" not in out and "Load weight begin" not in out, out[-3000:]
     assert out.count(REFUSES) == 1, out[-3000:]
     assert code == 1 and _paragraph(problems, draft, target) in out, out[-3000:]
+
+
+@pytest.mark.server
+@pytest.mark.sglang
+def test_a_draft_that_is_not_there_is_refused_by_the_server_in_one_paragraph(
+        plugin_site, tiny_target_dir, tmp_path):
+    """SGLang reads the draft's config while it resolves its arguments (before the plugin's
+    other checks): a hub id with the hub offline ended in two huggingface_hub tracebacks."""
+    env = subprocess_env(plugin_site, HF_HUB_OFFLINE="1")
+    run = launch_server(["--model-path", str(tiny_target_dir), "--dtype", "float32",
+                         "--speculative-draft-model-path", "no-such-org/no-such-draft",
+                         *_flags("fc-width")], env, tmp_path / "hub-id.log", timeout=TIMEOUT)
+    out = run.output
+    assert run.returncode == EXIT_REFUSED, f"rc {run.returncode} after {run.seconds:.0f} s\n{out[-3000:]}"
+    assert "Traceback" not in out, out[-3000:]
+    assert out.count("eagle3_backend refuses to start: draft 'no-such-org/no-such-draft' is not "
+                     "a local directory and could not be fetched") == 1, out[-3000:]
