@@ -40,6 +40,9 @@ class ArchCapture:
     architecture: str  # HF ``architectures[0]``, what SGLang dispatches on
     model_class: str  # dotted path of the SGLang class (a USE entry of hooks.HOOKS)
     wraps: str = ""  # the architecture whose setter this file's calls unchanged (its id rule)
+    #: attribute path from the SGLang model to the module that holds ``layers_to_capture``
+    #: and ``embed_tokens`` (its decoder stack)
+    inner: str = "model"
 
     def __post_init__(self) -> None:
         sglang_id_rule(self.architecture)  # every supported arch has a known id rule
@@ -70,7 +73,7 @@ ARCHS: dict[str, ArchCapture] = {
         # Kimi-K2.5: a vision tower around DeepseekV3ForCausalLM, whose setter it calls
         ArchCapture("KimiK25ForConditionalGeneration",
                     "sglang.srt.models.kimi_k25.KimiK25ForConditionalGeneration",
-                    wraps="DeepseekV3ForCausalLM"),
+                    wraps="DeepseekV3ForCausalLM", inner="language_model.model"),
         # DeepSeek-V3.2 and GLM-5 (DSA attention, CUDA only: not served on this CPU) are
         # DeepseekV2ForCausalLM subclasses that add nothing to its capture
         ArchCapture("DeepseekV32ForCausalLM", "sglang.srt.models.deepseek_v2.DeepseekV32ForCausalLM"),

@@ -69,7 +69,9 @@ def target_embedding(target: TargetInfo) -> torch.Tensor | None:
 
     for path in sorted(src.parent.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            for name in ("model.embed_tokens.weight", "embed_tokens.weight"):
+            for name in ("model.embed_tokens.weight", "embed_tokens.weight",
+                         "language_model.model.embed_tokens.weight",  # Kimi-K2.5
+                         "model.language_model.embed_tokens.weight"):  # Qwen3.5, Qwen3-VL
                 if name in f.keys():
                     return f.get_tensor(name).float()
     return None

@@ -25,6 +25,9 @@ keeps its family's real structure at a size a small CPU serves in seconds:
 |               |                         | experts with biases; its model file alone captures the    |
 |               |                         | last layer's output                                       |
 
+``write_kimi_k25(kimi_k2_dir, out)`` wraps a written ``kimi_k2`` target as Kimi-K2.5
+(``KimiK25ForConditionalGeneration``: a small vision tower around the same language model).
+
 Heads, experts and intermediate sizes are even so that tensor parallel 2 splits
 them. Real checkpoints are bf16/fp8; these are written in ``dtype`` (fp32 or
 bf16: SGLang's fp8 layers need AMX on CPU).
@@ -196,3 +199,100 @@ def _randomize_router_biases(model: Any, seed: int) -> None:
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             buf.copy_(torch.randn(buf.shape, generator=g) * 0.1)
+
+
+# Kimi-K2.5 ships its processor as remote code; SGLang 0.5.23 loads it at start even with
+# --skip-tokenizer-init and reads tokenizer, image_processor and media_processor.media_proc_cfg.
+# This text-only stand-in has exactly those (served with --trust-remote-code, like the real one).
+_K25_PROCESSOR = '''"""Text-only stand-in for Kimi-K2.5's remote-code processor (eagle3_backend tiny targets)."""
+from transformers import AutoTokenizer
+
+
+class _Media:
+    media_proc_cfg = {"patch_size": 14, "merge_kernel_size": 2, "in_patch_limit": 16384,
+                      "patch_limit_on_one_side": 512, "image_mean": [0.5, 0.5, 0.5],
+                      "image_std": [0.5, 0.5, 0.5]}
+
+
+class KimiK25Processor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.media_processor = self.image_processor = _Media()
+
+    @classmethod
+    def from_pretrained(cls, path, *args, **kwargs):
+        return cls(AutoTokenizer.from_pretrained(path))
+
+    @classmethod
+    def register_for_auto_class(cls, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError("a text-only stand-in: it does not process images")
+'''
+
+
+def write_kimi_k25(language_model: str | Path, out: str | Path, seed: int = 0) -> Path:
+    """A Kimi-K2.5 (``KimiK25ForConditionalGeneration``) dir around a written ``kimi_k2``
+    target: its tensors under ``language_model.``, its config as ``text_config``, and a
+    one-block MoonViT tower and patch-merger projector (seeded, hidden 32) under the real
+    checkpoint's tensor names. Text served by it is the language model's, token for token.
+    Serve it with ``--trust-remote-code`` (the processor is remote code, as in the real one).
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(language_model), Path(out)
+    text = {k: v for k, v in json.loads((src / "config.json").read_text()).items()
+            if k != "transformers_version"}
+    h, vt, ffn, patch = text["hidden_size"], 32, 64, 14
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    sd = {f"language_model.{k}": v for f in sorted(src.glob("*.safetensors"))
+          for k, v in load_file(str(f)).items()}
+    tower, block = "vision_tower.", "vision_tower.encoder.blocks.0."
+    sd.update({tower + "patch_embed.proj.weight": rnd(vt, 3, patch, patch),
+               tower + "patch_embed.proj.bias": rnd(vt),
+               tower + "patch_embed.pos_emb.weight": rnd(8, 8, vt),
+               block + "wqkv.weight": rnd(3 * vt, vt), block + "wqkv.bias": rnd(3 * vt),
+               block + "wo.weight": rnd(vt, vt), block + "wo.bias": rnd(vt),
+               block + "mlp.fc0.weight": rnd(ffn, vt), block + "mlp.fc0.bias": rnd(ffn),
+               block + "mlp.fc1.weight": rnd(vt, ffn), block + "mlp.fc1.bias": rnd(vt),
+               "mm_projector.proj.0.weight": rnd(4 * vt, 4 * vt), "mm_projector.proj.0.bias": rnd(4 * vt),
+               "mm_projector.proj.2.weight": rnd(h, 4 * vt), "mm_projector.proj.2.bias": rnd(h)})
+    for norm, size in ((block + "norm0", vt), (block + "norm1", vt),
+                       (tower + "encoder.final_layernorm", vt), ("mm_projector.pre_norm", vt)):
+        sd[norm + ".weight"], sd[norm + ".bias"] = torch.ones(size), torch.zeros(size)
+    # the real config names the tower's shape vt_*; SGLang's vision config reads the plain
+    # names for the tower and vt_hidden_size for the projector: both are given
+    shape = dict(hidden_size=vt, num_attention_heads=2, num_hidden_layers=1, intermediate_size=ffn)
+    vision = dict(patch_size=patch, init_pos_emb_height=8, init_pos_emb_width=8,
+                  init_pos_emb_time=4, pos_emb_type="divided_fixed", merge_kernel_size=[2, 2],
+                  video_attn_type="spatial_temporal", merge_type="sd2_tpool",
+                  mm_projector_type="patchmerger", mm_hidden_size=vt, projector_hidden_act="gelu",
+                  projector_ln_eps=1e-5, text_hidden_size=h, **shape,
+                  **{f"vt_{k}": v for k, v in shape.items()})
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              # as in the real checkpoint: SGLang reads text_config's architectures[0]
+              "text_config": {**text, "model_type": "kimi_k2"}, "vision_config": vision,
+              "media_placeholder_token_id": text["vocab_size"] - 1, "pad_token_id": 0,
+              "ignore_index": -100, "use_unified_vision_chunk": False,
+              "tie_word_embeddings": text.get("tie_word_embeddings", False),
+              "dtype": text.get("dtype", "float32"),
+              "auto_map": {"AutoProcessor": "kimi_k25_processor.KimiK25Processor"}}
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "kimi_k25_processor.py").write_text(_K25_PROCESSOR)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(f, out / f.name)
+    return out

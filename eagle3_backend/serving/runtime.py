@@ -110,7 +110,9 @@ def around_configure_capture(original: Callable[..., Any], *args: Any, **kwargs:
     ids = plan.model_ids()
     kwargs["eagle_aux_hidden_state_layer_ids"] = ids
     result = original(*args, **kwargs)
-    inner = getattr(model, "model", None)
+    inner = model
+    for name in arch.inner.split("."):
+        inner = getattr(inner, name, None)
     got = getattr(inner, "layers_to_capture", None)
     if got is None or sorted(int(i) for i in got) != list(plan.capture_layers):
         raise ServingError(
@@ -166,6 +168,16 @@ def _maybe_self_check(st: collect.CaptureState, input_ids: Any, meta: Any) -> No
             or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
         return  # not a real prefill: wait for the first one
     st.last_packed = None
+    if input_ids is None and meta is not None:
+        # a multimodal wrapper (Kimi-K2.5) runs its language model on input embeddings, so the
+        # logits processor gets no ids; the batch has them, and they are the embedded tokens
+        # unless the batch carries images, audio or video
+        contains_mm = getattr(meta, "contains_mm_inputs", None)
+        if contains_mm is not None and contains_mm():
+            _warn_once("eagle3_backend: EAGLE-3 self-check waits for a prefill without images, "
+                       "audio or video (their rows are not token embeddings)")
+            return
+        input_ids = getattr(meta, "input_ids", None)
     if input_ids is None or input_ids.shape[0] != packed.shape[0]:
         # e.g. data-parallel attention scatters rows; a later prefill may line up
         _warn_once("eagle3_backend: EAGLE-3 self-check waits for a prefill whose input ids line "

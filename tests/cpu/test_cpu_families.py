@@ -97,3 +97,30 @@ def test_tree_equals_target_and_fc_input(family, family_target, family_reference
     lengths = [float(o["meta_info"]["spec_accept_length"]) for o in outs.values()]
     if kind == "echo":
         assert sum(lengths) / len(lengths) > 2.0, lengths
+
+
+def test_kimi_k25_serves_its_language_model_exactly(family_target, family_reference, family_prompts,
+                                                    plugin_site, tmp_path):
+    """Kimi-K2.5 wraps Kimi-K2's model in a vision tower: the plugin finds the decoder stack one
+    level deeper, and the self-check reads the batch's ids (the wrapper hands its language model
+    embeddings, not ids). Its language model is the kimi_k2 family target, so the target-only
+    reference, the HF fc input and the offline acceptance are that target's."""
+    import dataclasses
+
+    from eagle3_backend.cpu.tiny_targets import write_kimi_k25
+
+    inner, layout = family_target("kimi_k2"), CHAIN["kimi_k2"]
+    target = write_kimi_k25(inner, tmp_path / "kimi-k25")
+    draft = make_echo_draft(tmp_path / "echo-draft", target, layout=layout)
+    spec = family_spec(target, draft)
+    spec = dataclasses.replace(spec, extra_args=(*spec.extra_args, "--trust-remote-code"))
+    env = {"EAGLE3_DUMP_FC_INPUT": str(tmp_path / "fc_{pid}.safetensors")}
+    outs, text = serve_prompts(spec, plugin_site, tmp_path / "k25.log", family_prompts, env)
+    assert "eagle3_backend.cpu platform: KimiK25ForConditionalGeneration loaded" in text
+    assert_same_tokens(outs, family_reference("kimi_k2"), f"Kimi-K2.5 EAGLE-3 chain, echo draft {layout}")
+    _check_served(text, layout, inner, tmp_path)
+    offline = offline_acceptance(inner, draft, family_prompts, list(family_prompts), 3, 1, 4)
+    for name, out in outs.items():
+        length, tokens = offline[name]
+        assert tokens == out["output_ids"], name
+        assert abs(length - float(out["meta_info"]["spec_accept_length"])) <= 0.05, name
