@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import pickle
 from dataclasses import dataclass
@@ -218,8 +219,21 @@ def _model_source(path: "str | Path | None") -> tuple[Path, str, dict[str, Any]]
 
 def _unloadable(p: Path, exc: Exception, what: str = "target") -> TargetError:
     why = str(exc).strip().rstrip(".") or type(exc).__name__
+    fix = ""
+    if why.startswith("Unrecognized configuration class"):
+        # transformers lists every causal LM config class it knows (about 200)
+        why = why.split(" for this kind of AutoModel")[0] + " is not a causal LM config"
+        try:
+            raw = json.loads((p / "config.json").read_text()) if p.is_dir() else {}
+        except (OSError, ValueError):
+            raw = {}
+        if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict):
+            fix = (" It is a multimodal model (its language model is in text_config); the "
+                   "offline tools run a causal LM: give them the language model as a model dir "
+                   "of its own (text_config as its config.json, its tensors without the "
+                   "language-model prefix). Servers take the model as it is.")
     return TargetError(f"transformers could not load {what} {str(p)!r}: {why}. Expected a causal LM "
-                       "model dir or GGUF file that transformers supports.")
+                       f"model dir or GGUF file that transformers supports.{fix}")
 
 
 def load_tokenizer(path: "str | Path | None" = None) -> Any:

@@ -83,6 +83,25 @@ def test_unreadable_gguf_target_is_one_sentence(tmp_path):
         "that transformers supports.")
 
 
+def test_a_multimodal_target_is_named_as_such_in_one_paragraph(tiny_target_dir, tmp_path):
+    """transformers listed its ~200 causal LM config classes; the error now says what the
+    model is and how the offline tools can run its language model."""
+    from eagle3_backend.cpu.tiny_targets import write_kimi_k25
+
+    k25 = write_kimi_k25(tiny_target_dir, tmp_path / "k25")
+    with pytest.raises(TargetError) as info:
+        load_target(k25)
+    text = str(info.value)
+    assert text.startswith(f"transformers could not load target {str(k25)!r}: Unrecognized "
+                           "configuration class <class 'transformers.models.kimi_k25.")
+    assert text.endswith("Kimi_K25Config'> is not a causal LM config. Expected a causal LM model "
+                         "dir or GGUF file that transformers supports. It is a multimodal model "
+                         "(its language model is in text_config); the offline tools run a causal "
+                         "LM: give them the language model as a model dir of its own (text_config "
+                         "as its config.json, its tensors without the language-model prefix). "
+                         "Servers take the model as it is.")
+
+
 def test_load_hf_dir_target(tiny_target_dir):
     t = load_target(tiny_target_dir, "bfloat16")
     assert (t.num_layers, t.hidden_size, t.dtype) == (8, 64, torch.bfloat16)
