@@ -70,6 +70,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="answer tokens per prompt at most (default 96)")
     g.add_argument("--max-prompt-tokens", type=int, default=256, metavar="P",
                    help="skip prompts longer than this after the chat template (default 256)")
+    g.add_argument("--no-chat-template", action="store_true",
+                   help="answer the raw prompt text (a base model without a chat template; "
+                        "--source generated only); evaluate the draft with eval "
+                        "--no-chat-template too")
     g.add_argument("--gen-batch", type=int, default=32, metavar="B",
                    help="prompts generated together (default 32)")
     g.add_argument("--vocab-prompts", type=int, default=4000, metavar="N",
@@ -190,7 +194,9 @@ def _data_settings(args: argparse.Namespace, target_path: Path, layout: Any) -> 
             "dataset": args.dataset, "num_prompts": args.num_prompts,
             "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
             "layout": layout.to_strings(), "seed": args.seed, "store_dtype": "bfloat16",
-            "vocab_prompts": args.vocab_prompts}
+            "vocab_prompts": args.vocab_prompts,
+            # only when set: the caches of chat-template runs keep their keys
+            **({"chat_template": False} if args.no_chat_template else {})}
 
 
 def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
@@ -215,7 +221,7 @@ def _get_data(args: argparse.Namespace, target_path: Path, layout: Any,
     data = generate_data(target, prompts, layout, max_new_tokens=args.max_new_tokens,
                          num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
                          batch_size=args.gen_batch, seed=args.seed, deadline=deadline,
-                         progress=progress)
+                         chat_template=not args.no_chat_template, progress=progress)
     from eagle3_backend.train.data import prompt_token_counts
 
     sample = prompts[:args.vocab_prompts]
@@ -488,6 +494,10 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.answer_turn != 1 and args.answers != "target":
         raise Eagle3Error(f"--answer-turn {args.answer_turn} chooses which user turn the target "
                           "answers; use it with --answers target.")
+    if args.no_chat_template and args.source != "generated":
+        raise Eagle3Error(f"--no-chat-template answers raw prompt text; --source {args.source}'s "
+                          "teacher-forced chats are rendered through the chat template. Use it "
+                          "with --source generated.")
     if args.add_teacher_cache and args.source == "generated":
         raise Eagle3Error("--add-teacher-cache adds teacher-forced data; use it with --source "
                           "teacher (or mix).")
@@ -659,7 +669,7 @@ def _print_summary(r: dict[str, Any]) -> None:
     d, t = r["data"], r["training"]
     fmt = lambda xs: ", ".join("-" if x is None else f"{x:.3f}" for x in xs) if xs else "-"  # noqa: E731
     print(f"wrote {r['checkpoint']['path']} ({r['checkpoint']['parameters']:,} weights, "
-          f"{r['checkpoint']['dtype']}, layout {r['layout']})")
+          f"{r['checkpoint']['dtype']}, layout [{', '.join(r['layout'])}])")
     print(f"  data: {d['sequences']} answers, {d['answer_tokens']:,} answer tokens "
           f"({d['source']}), draft vocab {r['draft_vocab']['size']} covers "
           f"{r['draft_vocab']['heldout_coverage']:.1%} of held-out answer tokens")

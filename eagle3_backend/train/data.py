@@ -324,14 +324,14 @@ def generate_data(target: Any, prompts: Sequence[Any], layout: Layout | str, *,
                   max_new_tokens: int, num_prompts: int | None = None,
                   max_prompt_tokens: int = 256, batch_size: int = 32,
                   store_dtype: str = "bfloat16", seed: int = 0, deadline: float | None = None,
-                  progress: bool = False) -> TrainingData:
+                  chat_template: bool = True, progress: bool = False) -> TrainingData:
     """Self-distilled training data: :func:`generate_sequences` (same arguments) plus the
     target's embedding, lm_head and final norm the trainer needs."""
     layout = Layout.parse(layout)
     sequences, stats = generate_sequences(
         target, prompts, layout, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
         max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, store_dtype=store_dtype,
-        seed=seed, deadline=deadline, progress=progress)
+        seed=seed, deadline=deadline, chat_template=chat_template, progress=progress)
     embed, head, norm = _target_weights(target)
     n_answer = sum(s.answer_len for s in sequences)
     logger.info("generated %d answers (%d answer tokens) in %.1f s; %d prompts skipped as too long",

@@ -641,7 +641,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool = True) ->
         raise TargetError(
             "the target tokenizer has no chat template; the draft was trained on chat-formatted "
             "text, so evaluating raw text misreports acceptance. Use a target with a chat "
-            "template, or pass --no-chat-template to evaluate raw prompts knowingly."
+            "template, or pass --no-chat-template to use raw prompts knowingly."
         )
     text = tokenizer.apply_chat_template(prompt.as_chat(), add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False).input_ids)

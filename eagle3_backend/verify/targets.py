@@ -199,6 +199,8 @@ def _model_source(path: "str | Path | None") -> tuple[Path, str, dict[str, Any]]
             "config.json) or a .gguf file. Check --target."
         )
     kwargs: dict[str, Any] = {}
+    if p.is_file() and p.name == "config.json":  # what validate and convert take: its model dir
+        p = p.parent
     if p.is_file():
         if p.suffix.lower() != ".gguf":
             raise TargetError(

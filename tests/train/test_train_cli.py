@@ -37,6 +37,7 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
     assert main(_argv(tiny_target_dir, prompts_file, out, cache)) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "held-out top-1 by position" in printed
+    assert "float32, layout [layer_input:3, embed])" in printed  # as every command writes one
 
     loaded = load_draft(out, strict=True)
     assert loaded.layout_source == "explicit"
@@ -130,6 +131,33 @@ def test_train_writes_a_strict_loadable_checkpoint_and_report(tmp_path, tiny_tar
     assert (f"--init-from {out}: its draft vocabulary holds other token ids than this run's "
             "(both 256; a run picks its ids from its data: --dataset, --num-prompts, "
             "--vocab-prompts)") in err
+
+
+def test_train_on_a_base_model_without_a_chat_template(tmp_path, tiny_target_dir, prompts_file,
+                                                      capsys):
+    """A target without a chat template is refused with a fix that train takes (it named eval's
+    --no-chat-template, which train rejected); with it, the raw prompts are answered."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_target_dir, base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    tok = json.loads((base / "tokenizer_config.json").read_text())
+    tok.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(tok))
+    assert main(_argv(base, prompts_file, tmp_path / "a", tmp_path / "cache")) == 2
+    err = capsys.readouterr().err
+    assert "the target tokenizer has no chat template" in err
+    assert "or pass --no-chat-template to use raw prompts knowingly." in err
+    assert main([*_argv(base, prompts_file, tmp_path / "b", tmp_path / "cache"),
+                 "--no-chat-template", "--source", "teacher"]) == 2
+    assert "Use it with --source generated." in capsys.readouterr().err
+    assert main([*_argv(base, prompts_file, tmp_path / "c", tmp_path / "cache"),
+                 "--no-chat-template"]) == 0
+    report = json.loads((tmp_path / "c" / "train_report.json").read_text())
+    assert report["data"]["sequences"] == 5 and "--no-chat-template" in report["command"]
+    # the raw-text data has a cache of its own: a chat-template run never reads it
+    assert len(list((tmp_path / "cache").glob("data-*"))) == 1
 
 
 def test_train_refuses_mtbench_and_a_non_empty_out(tmp_path, tiny_target_dir, prompts_file, capsys):

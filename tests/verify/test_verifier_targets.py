@@ -106,6 +106,9 @@ def test_load_hf_dir_target(tiny_target_dir):
     t = load_target(tiny_target_dir, "bfloat16")
     assert (t.num_layers, t.hidden_size, t.dtype) == (8, 64, torch.bfloat16)
     assert next(t.model.parameters()).dtype == torch.bfloat16
+    # its config.json, as validate and convert take it, means the dir (eval refused it)
+    t = load_target(tiny_target_dir / "config.json", "bfloat16")
+    assert (t.path, t.num_layers) == (str(tiny_target_dir), 8)
 
 
 class _RunsCode:
