@@ -205,7 +205,9 @@ class TargetInfo:
             source=source,
             num_attention_heads=opt("num_attention_heads", int),
             num_key_value_heads=opt("num_key_value_heads", int),
-            head_dim=opt("head_dim", int),
+            # MLA (DeepSeek, Kimi, GLM-4.7-Flash) has no head size a Llama-style draft could
+            # copy; transformers writes its rope part as head_dim on save
+            head_dim=None if "kv_lora_rank" in text else opt("head_dim", int),
             intermediate_size=opt("intermediate_size", int),
             rms_norm_eps=opt("rms_norm_eps", float),
             rope_theta=rope_theta,
@@ -324,7 +326,8 @@ def _read_gguf(path: str) -> TargetInfo:
         source=path,
         num_attention_heads=heads,
         num_key_value_heads=opt(f"{arch}.attention.head_count_kv", int),
-        head_dim=key_len if key_len is not None else (hidden // heads if heads else None),
+        head_dim=(None if opt(f"{arch}.attention.kv_lora_rank", int) else  # MLA: see from_hf_dict
+                  key_len if key_len is not None else (hidden // heads if heads else None)),
         intermediate_size=opt(f"{arch}.feed_forward_length", int),
         rms_norm_eps=opt(f"{arch}.attention.layer_norm_rms_epsilon", float),
         rope_theta=opt(f"{arch}.rope.freq_base", float),

@@ -126,6 +126,23 @@ def test_hf_config_text_config_and_rope_parameters(tmp_path):
                               152064, 1e6)
 
 
+def test_mla_targets_give_a_draft_no_head_dim(tmp_path):
+    """transformers saves a DeepSeek config's rope part (qk_rope_head_dim) as head_dim; a draft
+    copying it had 4 x 16 = 64 wide attention on a 128 hidden size, and another width when the
+    same model's original config (no head_dim) was given."""
+    from eagle3_backend.checkpoint.demo import demo_config
+
+    raw = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+           "num_hidden_layers": 8, "hidden_size": 128, "vocab_size": 512,
+           "num_attention_heads": 4, "kv_lora_rank": 32, "qk_rope_head_dim": 16}
+    for extra in ({}, {"head_dim": 16}):
+        t = TargetInfo.from_hf_dict({**raw, **extra})
+        assert t.head_dim is None
+        assert demo_config(t).head_dim == 32  # hidden / heads
+    dense = {k: v for k, v in raw.items() if k != "kv_lora_rank"}
+    assert TargetInfo.from_hf_dict({**dense, "head_dim": 48}).head_dim == 48
+
+
 @pytest.mark.parametrize("edit, match", [
     ({"num_hidden_layers": None}, r"field 'num_hidden_layers' is None; expected a positive integer"),
     ({"hidden_size": "576"}, r"field 'hidden_size' is '576'; expected a positive integer"),
