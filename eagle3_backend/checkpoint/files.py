@@ -191,8 +191,8 @@ def read_tensors(ckpt: Path, allow_pickle: bool = False) -> tuple[dict[str, torc
 
 # ----------------------------------------------------------------------------- writing
 # What a draft checkpoint directory is made of: the only entries ``--force`` may replace.
-OWN_NAMES = frozenset({CONFIG_NAME, SAFETENSORS_INDEX, "generation_config.json",
-                       "train_report.json"})
+TRAIN_REPORT = "train_report.json"  # eagle3 train's record of the run, beside the weights
+OWN_NAMES = frozenset({CONFIG_NAME, SAFETENSORS_INDEX, "generation_config.json", TRAIN_REPORT})
 OWN_SUFFIXES = (".safetensors",) + PICKLE_SUFFIXES
 
 

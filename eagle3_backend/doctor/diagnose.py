@@ -13,6 +13,7 @@ recorded layout and the candidates not yet ruled out.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from eagle3_backend.checkpoint.files import TRAIN_REPORT as REPORT_NAME
 from eagle3_backend.doctor.candidates import candidate_layouts, coordinate_search, describe_move
 from eagle3_backend.doctor.report import DoctorReport
 from eagle3_backend.doctor.scoring import ACCEPT_STEPS, Score, Scorer, all_sources
@@ -36,6 +38,7 @@ from eagle3_backend.doctor.verdict import (
     decide,
     sequential,
 )
+from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.layout import Layout
 
 SHOWN = 5   # layouts listed by gap beyond the fixed candidates and the search path
@@ -85,6 +88,30 @@ def message(decision: Decision, scores: Sequence[Score], prompts: int) -> str:
             f"{p.lower:+.3f} and {p.upper:+.3f} ({Z:.0f} standard errors); a gap of {MARGIN} "
             f"matters ({len(decision.open)} layout(s) still open). Do not serve this draft as "
             f"recorded before this is settled.")
+
+
+def trained_layout(draft_path: str | Path) -> Layout | None:
+    """The layout ``eagle3 train`` trained the draft on, from the ``train_report.json`` it
+    wrote beside the weights (in training order), or None without a readable one."""
+    try:
+        raw = json.loads((Path(draft_path) / REPORT_NAME).read_text())
+        return Layout.parse(raw["layout"])
+    except (OSError, ValueError, TypeError, KeyError, Eagle3Error):
+        return None
+
+
+def _record_says(decision: Decision, scores: Sequence[Score], trained: Layout) -> str:
+    """The message when the training record names the recorded layout (written in layer
+    order) while the fit alone prefers or cannot rule out another."""
+    rec, best = scores[0], scores[decision.best]
+    fit = (f"{best.layout} fits it better on these {best.scored} tokens (top-1 {best.top1:.3f} vs "
+           f"{float(rec.hits[:best.scored].float().mean()):.3f}, paired z = "
+           f"{decision.paired[decision.best].z:.1f})" if decision.best else
+           "other layouts tried could not be ruled out on these tokens")
+    return (f"the recorded layout {rec.layout} is the one eagle3 train trained this draft on "
+            f"({REPORT_NAME} records {trained}, which the writer stores in layer order), so it "
+            f"is right. By fit alone, {fit}: a draft that has learned little, or layers that "
+            f"carry nearly the same states, can show that. Serve it as recorded.")
 
 
 def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, loaded: Any = None,
@@ -150,7 +177,14 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
                   for (n, t), d in zip(counts, decisions)]
 
     rec, best = order[0], order[decision.best]
-    text = message(decision, order, len(seen))
+    text, verdict = message(decision, order, len(seen)), decision.verdict
+    trained = trained_layout(draft_path)
+    if trained is not None and trained.sorted_order()[0] == rec.layout:
+        if verdict in (MISMATCH, INCONCLUSIVE):
+            text, verdict = _record_says(decision, order, trained), OK
+    elif trained is not None:
+        text += (f" Its {REPORT_NAME} records that eagle3 train trained it on {trained}, not "
+                 f"on the recorded {rec.layout}.")
     full = Scorer(draft, seen, sources, ACCEPT_STEPS)
     acceptance = {}
     for name, score in (("recorded", rec), ("best", best)):
@@ -165,7 +199,7 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
     # layers carry nearly the same states, so the truth may be any of them
     as_good = sorted((s for s in order if s is not best and s is not rec
                       and Paired.of(best.hits, s.hits).lower <= 0), key=lambda s: -s.top1)
-    if decision.verdict == MISMATCH:
+    if verdict == MISMATCH:
         text += (f" Served as recorded, the expected chain acceptance is "
                  f"{acceptance['recorded']['expected_acceptance_length']:.2f} instead of "
                  f"{acceptance['best']['expected_acceptance_length']:.2f}.")
@@ -183,13 +217,14 @@ def diagnose(draft_path: str | Path, target: Any, states: Sequence[Any], *, load
     ranked = sorted(range(len(order)), key=lambda i: (-(decision.paired[i].gap if i else 0.0), i))
     keep |= set(ranked[:SHOWN])
     tokens = order[0].scored
-    settle = decision.tokens_to_settle if decision.verdict == INCONCLUSIVE else 0
+    settle = decision.tokens_to_settle if verdict == INCONCLUSIVE else 0
     return DoctorReport(
         draft=str(draft_path), target=str(target.path), layout_source=loaded.layout_source,
         prompts=len(seen), scores=[order[i] for i in ranked if i in keep], recorded=rec,
-        best=best, verdict=decision.verdict, message=text, z=(decision.paired[decision.best].z
+        best=best, verdict=verdict, message=text, z=(decision.paired[decision.best].z
                                                              if decision.best else 0.0),
         extra={"layout_explanation": loaded.layout_explanation,
+               "trained_layout": trained.to_strings() if trained is not None else None,
                "answer_tokens": sum(s.answer_len for s in seen),
                "searched": {"start": start.layout.to_strings() if start else None,
                             "path": [p.to_strings() for p in path], "layouts": len(order) - fixed},

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_backend.checkpoint.files import TRAIN_REPORT as REPORT_NAME
 from eagle3_backend.errors import Eagle3Error
 from eagle3_backend.verify.datasets import FILE_HELP
 
@@ -38,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["add_train_parser", "run_train"]
 
-REPORT_NAME = "train_report.json"
 DATA_SHARE = 0.40      # of --minutes: generation stops here at the latest (see run_train)
 RESERVE_SHARE = 0.04   # of --minutes kept for the held-out pass and writing
 

@@ -129,6 +129,37 @@ def test_a_list_order_mixup_is_found_and_the_printed_fix_restores_it(
     assert int((bad.best.hits != good.recorded.hits[:bad.best.scored]).sum()) <= 1
 
 
+def test_the_training_record_settles_a_fit_that_prefers_another_layout(smollm2, states, wide_draft,
+                                                                        tmp_path):
+    """A draft eagle3 train wrote carries its train_report.json: when it names the recorded
+    layout, a better fit elsewhere is the draft's (tiny or undertrained drafts on targets whose
+    layers look alike showed it), not a miswiring, and the doctor says OK instead of telling
+    the user to relabel a correct draft; when it names another, the message says so."""
+    import shutil
+
+    bad_dir = mislabel(wide_draft, tmp_path / "bad", "[layer_input:11, layer_input:23, layer_input:4]")
+    recorded = "[layer_input:23, layer_input:4, layer_input:11]"  # stored in layer order: WIDE
+    (bad_dir / "train_report.json").write_text(json.dumps({"layout": Layout.parse(recorded).to_strings()}))
+    agreed = diagnose(bad_dir, smollm2, states[0], search=False)
+    assert agreed.verdict == OK and agreed.extra["trained_layout"] == Layout.parse(recorded).to_strings()
+    assert agreed.message.startswith(
+        f"the recorded layout {WIDE} is the one eagle3 train trained this draft on "
+        f"(train_report.json records {recorded}, which the writer stores in layer order), so it "
+        f"is right. By fit alone, {recorded} fits it better on these ")
+    assert agreed.message.endswith("Serve it as recorded.")
+    assert "eagle3 convert" not in agreed.message
+
+    (bad_dir / "train_report.json").write_text(json.dumps({"layout": [WIDE]}))  # unreadable: ignored
+    assert diagnose(bad_dir, smollm2, states[0], search=False).verdict == MISMATCH
+    other = tmp_path / "other"
+    shutil.copytree(bad_dir, other)
+    (other / "train_report.json").write_text(json.dumps({"layout": ["embed", "layer_input:9"]}))
+    told = diagnose(other, smollm2, states[0], search=False)
+    assert told.verdict == MISMATCH and (
+        f"Its train_report.json records that eagle3 train trained it on [embed, layer_input:9], "
+        f"not on the recorded {WIDE}. Served as recorded") in told.message, told.message
+
+
 def test_cli_plot_and_text_report(wide_draft, wide_prompts_file, tmp_path, capsys):
     bad_dir = mislabel(wide_draft, tmp_path / "bad", "[layer_input:11, layer_input:23, layer_input:4]")
     png = tmp_path / "doctor.png"
