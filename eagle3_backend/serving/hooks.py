@@ -113,6 +113,10 @@ HOOKS: tuple[Hook, ...] = (
          "more, so a request reaching the pool was aborted with HTTP 500 and no output"),
     Hook("sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode", USE, "()", "serve",
          why="the KV slots one request reserves past its committed length each decode step"),
+    Hook("sglang.srt.managers.schedule_batch.Req.set_finish_with_abort", USE,
+         "(self, error_msg, status_code=, err_type=)", "serve",
+         why="a prompt that leaves no room for one decode step gets a 400 naming why, as SGLang's "
+             "own prompt-exceeds-the-KV-budget does (not an empty answer)"),
     # -- scheduler: layout-exact capture --------------------------------------------------
     Hook(_CONFIGURE, AROUND,
          "(*, model, eagle_use_aux_hidden_state, eagle_aux_hidden_state_layer_ids, "

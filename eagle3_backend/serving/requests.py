@@ -99,7 +99,8 @@ def after_init_req_max_new_tokens(result: Any, *args: Any, **kwargs: Any) -> Non
     scheduler = args[0] if args else kwargs["self"]
     req = args[1] if len(args) > 1 else kwargs["req"]
     params = req.sampling_params
-    if params.max_new_tokens is None or getattr(req, "finished_reason", None) is not None:
+    if (params.max_new_tokens is None or getattr(req, "finished_reason", None) is not None
+            or getattr(req, "to_finish", None) is not None):  # SGLang aborted it already
         return None
     reserve = int(hooks.use("sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode")())
     widening = int(getattr(scheduler, "kv_shard_widening", 1))
@@ -110,6 +111,15 @@ def after_init_req_max_new_tokens(result: Any, *args: Any, **kwargs: Any) -> Non
         scheduler.token_to_kv_pool_allocator, len(req.origin_input_ids), int(params.max_new_tokens),
         reserve, token_capacity=capacity, sliding_window_size=scheduler.sliding_window_size,
         chunk_size=scheduler.chunked_prefill_size)
+    if clipped == 0 < params.max_new_tokens:
+        # SGLang's clip left room for 1-token decode steps only: the request would come back
+        # empty with finish reason "length" and no word why
+        hooks.use("sglang.srt.managers.schedule_batch.Req.set_finish_with_abort")(
+            req, f"eagle3_backend: the prompt ({len(req.origin_input_ids)} tokens) leaves no room "
+                 f"for an EAGLE-3 decode step in the {capacity}-token KV pool: each step reserves "
+                 f"{reserve} slots past the tokens kept, so not one new token fits. Shorten the "
+                 f"prompt, or start the server with a larger --max-total-tokens.")
+        return None
     if clipped < params.max_new_tokens:
         logger.debug("request %s: max_new_tokens %d -> %d (EAGLE-3 decode reserve %d of a %d-token "
                      "KV pool)", req.rid, params.max_new_tokens, clipped, reserve, capacity)

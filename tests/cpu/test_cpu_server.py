@@ -183,6 +183,9 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
             "out-of-vocabulary id": srv.post("/generate", {"input_ids": [1, 10**9], "sampling_params": {"max_new_tokens": 4}}),
             "top_logprobs_num > vocab": srv.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4},
                                                               "return_logprob": True, "top_logprobs_num": 10**5}),
+            # SGLang leaves 8 tokens after it, the decode reserve: it came back empty, HTTP 200
+            "no room for a decode step": srv.post("/generate", {"input_ids": [1] * 4086, "sampling_params": {
+                "temperature": 0.0, "max_new_tokens": 12}}, timeout=REQUEST_TIMEOUT),
         }
         # Prompt + max_new_tokens past the 4096-token KV pool: SGLang clips max_new_tokens
         # for 1-token decode steps (14 here) and the EAGLE-3 verify reserve then aborted
@@ -198,6 +201,8 @@ def test_chain_spec_equals_target_and_survives_bad_requests(
     assert "The prompt is empty" in str(bad["empty prompt"][1])
     assert "token id 1000000000 at position 1" in str(bad["out-of-vocabulary id"][1])
     assert "top_logprobs_num is 100000, larger than the model's vocabulary" in str(bad["top_logprobs_num > vocab"][1])
+    assert ("the prompt (4086 tokens) leaves no room for an EAGLE-3 decode step in the 4096-token "
+            "KV pool") in str(bad["no room for a decode step"][1])
     status, body = near_pool
     assert status == 200, f"request reaching the KV pool: HTTP {status} {str(body)[:300]}"
     assert body["meta_info"]["finish_reason"]["type"] == "length", body["meta_info"]

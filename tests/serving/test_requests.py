@@ -87,6 +87,7 @@ def scheduler_and_req(monkeypatch):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache import allocation_sizing
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     from eagle3_backend.serving.requests import after_init_req_max_new_tokens
@@ -100,13 +101,19 @@ def scheduler_and_req(monkeypatch):
         kv_shard_widening=1, page_size=1, token_to_kv_pool_allocator=allocator,
         sliding_window_size=None, chunked_prefill_size=POOL)
 
-    def run(input_len: int, max_new_tokens: int | None, min_new_tokens: int = 0) -> tuple[int, int]:
+    def run(input_len: int, max_new_tokens: int | None, min_new_tokens: int = 0,
+            aborted: list | None = None) -> tuple[int, int]:
         req = Req("r", "", [5] * input_len, SamplingParams(max_new_tokens=max_new_tokens,
                                                           min_new_tokens=min_new_tokens))
         scheduler_mod.Scheduler.init_req_max_new_tokens(scheduler, req)
         stock = req.sampling_params.max_new_tokens
-        after_init_req_max_new_tokens(None, scheduler, req)
+        with get_parallel().override(tp_rank=0):  # a scheduler's place in its TP group
+            after_init_req_max_new_tokens(None, scheduler, req)
         assert req.sampling_params.min_new_tokens <= req.sampling_params.max_new_tokens
+        if aborted is not None:
+            aborted.append(req.to_finish)  # SGLang's abort, reported when the request is next run
+        else:
+            assert req.to_finish is None, req.to_finish
         return stock, req.sampling_params.max_new_tokens
     return run
 
@@ -118,8 +125,20 @@ def test_request_reaching_the_pool_keeps_the_speculative_reserve(scheduler_and_r
     assert scheduler_and_req(3000, 1200) == (1094, 1094 - RESERVE)
     # an OpenAI client without max_tokens: SGLang fills the pool
     assert scheduler_and_req(38, None) == (POOL - 38 - 2, POOL - 38 - 2 - RESERVE)
-    # the longest prompt SGLang accepts (4089) leaves no room for a speculative step
-    assert scheduler_and_req(4089, 16) == (5, 0)
+    # a prompt that leaves no room for a speculative step is refused with a 400 naming why
+    # (it came back empty with finish reason "length"); SGLang accepts up to 4089 tokens
+    for input_len in (4089, 4086):
+        aborted: list = []
+        scheduler_and_req(input_len, 16, aborted=aborted)
+        (reason,) = aborted
+        assert (type(reason).__name__, reason.status_code) == ("FINISH_ABORT", 400), reason
+        assert reason.message == (
+            f"eagle3_backend: the prompt ({input_len} tokens) leaves no room for an EAGLE-3 decode "
+            f"step in the 4096-token KV pool: each step reserves 8 slots past the tokens kept, so "
+            f"not one new token fits. Shorten the prompt, or start the server with a larger "
+            f"--max-total-tokens.")
+    assert scheduler_and_req(4085, 16) == (9, 1)    # room for one token: served
+    assert scheduler_and_req(4089, 0) == (0, 0)     # asked for none (a prefill-only request)
 
 
 def test_requests_that_fit_are_left_alone(scheduler_and_req):
