@@ -679,7 +679,8 @@ def _print_summary(r: dict[str, Any]) -> None:
     chain = r["heldout_chain_acceptance_length"]
     print(f"  held-out top-1 by position [{fmt(r['heldout_top1_by_position'])}]; chain acceptance "
           f"length {r['heldout_expected_acceptance_length']} if positions were independent"
-          + (f", {chain} replayed on the target's answers" if chain is not None else ""))
+          + (f", {chain} replayed on the target's answers (SGLang's accept length: the "
+             f"prefill's token counts too)" if chain is not None else ""))
     w = r["wall_seconds"]
     print(f"  wall: data {w['data']:.0f} s, train {w['train']:.0f} s, total {w['total']:.0f} s; "
           f"report {Path(r['checkpoint']['path']) / REPORT_NAME}")
