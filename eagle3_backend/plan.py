@@ -39,7 +39,7 @@ class ArchCapture:
 
     architecture: str  # HF ``architectures[0]``, what SGLang dispatches on
     model_class: str  # dotted path of the SGLang class (a USE entry of hooks.HOOKS)
-    wraps: str = ""  # the architecture whose setter this file's calls unchanged (its id rule)
+    wraps: str = ""  # the architecture whose setter this file calls with the ids unchanged
     #: attribute path from the SGLang model to the module that holds ``layers_to_capture``
     #: and ``embed_tokens`` (its decoder stack)
     inner: str = "model"
