@@ -230,10 +230,10 @@ def _unloadable(p: Path, exc: Exception, what: str = "target") -> TargetError:
         except (OSError, ValueError):
             raw = {}
         if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict):
-            fix = (" It is a multimodal model (its language model is in text_config); the "
-                   "offline tools run a causal LM: give them the language model as a model dir "
-                   "of its own (text_config as its config.json, its tensors without the "
-                   "language-model prefix). Servers take the model as it is.")
+            fix = (" It is a multimodal model (its language model is in text_config), but no "
+                   "safetensors tensor is named language_model.* or model.language_model.*: "
+                   "give the offline tools the language model as a model dir of its own "
+                   "(text_config as its config.json). Servers take the model as it is.")
     return TargetError(f"transformers could not load {what} {str(p)!r}: {why}. Expected a causal LM "
                        f"model dir or GGUF file that transformers supports.{fix}")
 
@@ -248,6 +248,54 @@ def load_tokenizer(path: "str | Path | None" = None) -> Any:
         return AutoTokenizer.from_pretrained(model_dir, **kwargs)
     except (OSError, ValueError) as exc:
         raise _unloadable(p, exc, "the tokenizer of") from exc
+
+
+def _language_model(model_dir: Path, dtype: "torch.dtype", exc: ValueError) -> Any:
+    """The causal LM inside a multimodal checkpoint (Kimi-K2.5, Qwen3-VL, Llama 4: its
+    ``text_config``), its tensors renamed from either layout (``language_model.X`` or
+    ``model.language_model.X``) into a temporary model dir that transformers loads as it loads
+    any (its checkpoint conversions included); re-raises ``exc`` for any other model it cannot
+    load as a causal LM. Vision weights are not read."""
+    import tempfile
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir) if model_dir.is_dir() else None
+    text = config.get_text_config() if config is not None else None
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
+    if text is None or text is config or not files:
+        raise exc
+    state = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if name.startswith("language_model."):
+                    state[name.removeprefix("language_model.")] = st.get_tensor(name)
+                elif name.startswith("model.language_model."):
+                    state["model." + name.removeprefix("model.language_model.")] = st.get_tensor(name)
+                elif name == "lm_head.weight":
+                    state[name] = st.get_tensor(name)
+    if not state:
+        raise exc
+    with tempfile.TemporaryDirectory(prefix="eagle3-language-model-") as tmp:
+        text.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(Path(tmp) / "model.safetensors"),
+                  metadata={"format": "pt"})
+        del state
+        what = f"its language model (text_config, {type(text).__name__}) does not match its tensors"
+        model, info = AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=dtype, use_safetensors=True, output_loading_info=True,
+            ignore_mismatched_sizes=True)  # listed in info, refused below
+    bad = {k: sorted(info.get(k) or ()) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):  # transformers would run with those weights random
+        raise ValueError(f"{what}: " + "; ".join(f"{k.replace('_', ' ')} {[str(x) for x in v[:3]]}"
+                                                 + (f" and {len(v) - 3} more" if len(v) > 3 else "")
+                                                 for k, v in bad.items() if v)) from exc
+    logger.info("target %s: loaded its language model %s from text_config", model_dir,
+                type(model).__name__)
+    return model
 
 
 def load_target(
@@ -277,7 +325,10 @@ def load_target(
     try:
         with transformers_progress(progress):
             tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
+            except ValueError as exc:
+                model = _language_model(p, torch_dtype, exc)
     except (OSError, ValueError) as exc:
         raise _unloadable(p, exc) from exc
     except pickle.UnpicklingError as exc:  # --allow-pickle, but not a plain state dict

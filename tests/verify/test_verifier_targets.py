@@ -83,23 +83,28 @@ def test_unreadable_gguf_target_is_one_sentence(tmp_path):
         "that transformers supports.")
 
 
-def test_a_multimodal_target_is_named_as_such_in_one_paragraph(tiny_target_dir, tmp_path):
-    """transformers listed its ~200 causal LM config classes; the error now says what the
-    model is and how the offline tools can run its language model."""
-    from eagle3_backend.cpu.tiny_targets import write_kimi_k25
+def test_a_multimodal_target_loads_its_language_model(tiny_target_dir, tmp_path):
+    """Kimi-K2.5 (a vision tower around Kimi-K2's model): the offline tools run its language
+    model, exactly the Kimi-K2 model it wraps (transformers refused the whole with a list of
+    ~200 causal LM config classes). Language tensors that do not fit text_config are refused,
+    never run random."""
+    from eagle3_backend.cpu.tiny_targets import write_kimi_k25, write_target
 
-    k25 = write_kimi_k25(tiny_target_dir, tmp_path / "k25")
+    inner = write_target("kimi_k2", tmp_path / "kimi-k2", hidden_size=64, layers=3)
+    wrapped = load_target(write_kimi_k25(inner, tmp_path / "k25"), progress=False)
+    plain = load_target(inner, progress=False)
+    assert type(wrapped.model).__name__ == "DeepseekV3ForCausalLM"
+    assert (wrapped.num_layers, wrapped.hidden_size, wrapped.vocab_size) == (3, 64, 49152)
+    ids = torch.tensor([[5, 900, 31, 7, 7, 4000]])
+    with torch.no_grad():
+        assert torch.equal(wrapped.model(ids).logits, plain.model(ids).logits)
+
+    # a Llama's tensors under a Kimi-K2.5 config: other shapes, and DeepSeek's experts missing
     with pytest.raises(TargetError) as info:
-        load_target(k25)
-    text = str(info.value)
-    assert text.startswith(f"transformers could not load target {str(k25)!r}: Unrecognized "
-                           "configuration class <class 'transformers.models.kimi_k25.")
-    assert text.endswith("Kimi_K25Config'> is not a causal LM config. Expected a causal LM model "
-                         "dir or GGUF file that transformers supports. It is a multimodal model "
-                         "(its language model is in text_config); the offline tools run a causal "
-                         "LM: give them the language model as a model dir of its own (text_config "
-                         "as its config.json, its tensors without the language-model prefix). "
-                         "Servers take the model as it is.")
+        load_target(write_kimi_k25(tiny_target_dir, tmp_path / "k25-llama"), progress=False)
+    assert str(info.value).startswith(
+        f"transformers could not load target {str(tmp_path / 'k25-llama')!r}: its language model "
+        "(text_config, DeepseekV3Config) does not match its tensors: ")
 
 
 def test_load_hf_dir_target(tiny_target_dir):
