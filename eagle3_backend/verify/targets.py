@@ -230,10 +230,12 @@ def _unloadable(p: Path, exc: Exception, what: str = "target") -> TargetError:
         except (OSError, ValueError):
             raw = {}
         if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict):
-            fix = (" It is a multimodal model (its language model is in text_config), but no "
-                   "safetensors tensor is named language_model.* or model.language_model.*: "
-                   "give the offline tools the language model as a model dir of its own "
-                   "(text_config as its config.json). Servers take the model as it is.")
+            fix = (" It is a multimodal model (its language model is in text_config) whose "
+                   "language model the offline tools cannot split off (transformers has no "
+                   "causal LM for its text_config, or no tensor is named language_model.* or "
+                   "model.language_model.*): give them the language model as a model dir of its "
+                   "own (text_config as its config.json, its tensors without the prefix). "
+                   "Servers take the model as it is.")
     return TargetError(f"transformers could not load {what} {str(p)!r}: {why}. Expected a causal LM "
                        f"model dir or GGUF file that transformers supports.{fix}")
 
@@ -251,7 +253,7 @@ def load_tokenizer(path: "str | Path | None" = None) -> Any:
 
 
 def _language_model(model_dir: Path, dtype: "torch.dtype", exc: ValueError) -> Any:
-    """The causal LM inside a multimodal checkpoint (Kimi-K2.5, Qwen3-VL, Llama 4: its
+    """The causal LM inside a multimodal checkpoint (Kimi-K2.5, Llama 4, Gemma 3: its
     ``text_config``), its tensors renamed from either layout (``language_model.X`` or
     ``model.language_model.X``) into a temporary model dir that transformers loads as it loads
     any (its checkpoint conversions included); re-raises ``exc`` for any other model it cannot
@@ -277,7 +279,7 @@ def _language_model(model_dir: Path, dtype: "torch.dtype", exc: ValueError) -> A
                     state["model." + name.removeprefix("model.language_model.")] = st.get_tensor(name)
                 elif name == "lm_head.weight":
                     state[name] = st.get_tensor(name)
-    if not state:
+    if not state or type(text) not in AutoModelForCausalLM._model_mapping:  # e.g. Qwen2.5-VL's
         raise exc
     with tempfile.TemporaryDirectory(prefix="eagle3-language-model-") as tmp:
         text.save_pretrained(tmp)
