@@ -353,6 +353,16 @@ def _gguf_embedding_rows(reader: Any, hidden: int) -> int | None:
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def language_model_name(name: str) -> str | None:
+    """A multimodal checkpoint's language-model tensor under its causal LM name
+    (``language_model.X`` -> ``X``, Kimi-K2.5 and Llama 4; ``model.language_model.X`` ->
+    ``model.X``, Gemma 3 and Qwen3.5); None for any other name."""
+    for prefix, to in (("language_model.", ""), ("model.language_model.", "model.")):
+        if name.startswith(prefix):
+            return to + name.removeprefix(prefix)
+    return None
+
+
 def target_path(value: str | os.PathLike[str] | None) -> Path:
     """What ``--target`` names: ``bundled`` (or nothing) is the bundled GGUF, else a path."""
     return bundled_target_path() if value is None or str(value) == "bundled" else Path(value)

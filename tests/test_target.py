@@ -174,3 +174,16 @@ def test_frozen():
     t = TargetInfo("LlamaForCausalLM", "llama", 2, 8, 16, "x")
     with pytest.raises(AttributeError):
         t.hidden_size = 9  # type: ignore[misc]
+
+
+def test_language_model_names_of_multimodal_checkpoints():
+    from eagle3_backend.target import language_model_name
+
+    assert language_model_name("language_model.model.layers.0.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.up_proj.weight")                              # Kimi-K2.5, Llama 4
+    assert language_model_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert language_model_name("model.language_model.embed_tokens.weight") == (
+        "model.embed_tokens.weight")                                      # Gemma 3, Qwen3.5
+    for other in ("model.visual.blocks.0.attn.qkv.weight", "vision_tower.patch_embed.proj.weight",
+                  "model.embed_tokens.weight", "lm_head.weight"):
+        assert language_model_name(other) is None

@@ -21,7 +21,7 @@ from eagle3_backend.checkpoint.write import save_sglang, to_layer_order
 from eagle3_backend.config import DraftConfig
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
-from eagle3_backend.target import TargetInfo
+from eagle3_backend.target import TargetInfo, language_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,9 @@ def target_embedding(target: TargetInfo) -> torch.Tensor | None:
 
     for path in sorted(src.parent.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            for name in ("model.embed_tokens.weight", "embed_tokens.weight",
-                         "language_model.model.embed_tokens.weight",  # Kimi-K2.5
-                         "model.language_model.embed_tokens.weight"):  # Qwen3.5, Qwen3-VL
-                if name in f.keys():
+            for name in f.keys():
+                if (name in ("model.embed_tokens.weight", "embed_tokens.weight")
+                        or language_model_name(name) == "model.embed_tokens.weight"):
                     return f.get_tensor(name).float()
     return None
 

@@ -33,7 +33,7 @@ from eagle3_backend.checkpoint.files import pickle_files
 from eagle3_backend.config import DTYPE_ALIASES, DTYPES
 from eagle3_backend.errors import TargetError
 from eagle3_backend.layout import Layout
-from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path, target_path
+from eagle3_backend.target import BUNDLED_GGUF, bundled_target_path, language_model_name, target_path
 
 logger = logging.getLogger(__name__)
 
@@ -144,16 +144,19 @@ def _weights_kwargs(model_dir: Path, allow_pickle: bool) -> dict[str, Any]:
     return {}
 
 
-def _refuse_draft(model_dir: Path) -> None:
-    """A draft checkpoint given as the target: say so instead of transformers' tokenizer error."""
-    import json
-
+def _raw_config(model_dir: Path) -> dict[str, Any]:
+    """The dir's config.json as written; {} when there is none or it is unreadable (then
+    transformers' own error names it)."""
     try:
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return  # no readable config.json: transformers' own error names it
-    if not isinstance(raw, dict):
-        return
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _refuse_draft(model_dir: Path) -> None:
+    """A draft checkpoint given as the target: say so instead of transformers' tokenizer error."""
+    raw = _raw_config(model_dir)
     archs = raw.get("architectures")
     names = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     if (any("eagle" in a.lower() or "speculator" in a.lower() for a in names)
@@ -225,11 +228,7 @@ def _unloadable(p: Path, exc: Exception, what: str = "target") -> TargetError:
     if why.startswith("Unrecognized configuration class"):
         # transformers lists every causal LM config class it knows (about 200)
         why = why.split(" for this kind of AutoModel")[0] + " is not a causal LM config"
-        try:
-            raw = json.loads((p / "config.json").read_text()) if p.is_dir() else {}
-        except (OSError, ValueError):
-            raw = {}
-        if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict):
+        if isinstance(_raw_config(p).get("text_config"), dict):
             fix = (" It is a multimodal model (its language model is in text_config) whose "
                    "language model the offline tools cannot split off (transformers has no "
                    "causal LM for its text_config, or no tensor is named language_model.* or "
@@ -264,21 +263,19 @@ def _language_model(model_dir: Path, dtype: "torch.dtype", exc: ValueError) -> A
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir) if model_dir.is_dir() else None
-    text = config.get_text_config() if config is not None else None
-    files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
-    if text is None or text is config or not files:
+    if not model_dir.is_dir():
+        raise exc
+    config = AutoConfig.from_pretrained(model_dir)
+    text = config.get_text_config()
+    if text is config:
         raise exc
     state = {}
-    for f in files:
+    for f in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
-                if name.startswith("language_model."):
-                    state[name.removeprefix("language_model.")] = st.get_tensor(name)
-                elif name.startswith("model.language_model."):
-                    state["model." + name.removeprefix("model.language_model.")] = st.get_tensor(name)
-                elif name == "lm_head.weight":
-                    state[name] = st.get_tensor(name)
+                new = language_model_name(name) or (name if name == "lm_head.weight" else None)
+                if new is not None:
+                    state[new] = st.get_tensor(name)
     if not state or type(text) not in AutoModelForCausalLM._model_mapping:  # e.g. Qwen2.5-VL's
         raise exc
     with tempfile.TemporaryDirectory(prefix="eagle3-language-model-") as tmp:
